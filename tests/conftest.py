@@ -1,0 +1,39 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+torch.set_num_threads(1)  # tiny tensors: a second thread only adds wake-up latency
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("MARS_BENCH_DATA_DIR", ROOT.parent / "shared" / "data"))
+
+
+PROMPTS = [
+    "Tell me a story.", "What is 2+2?", "Write a function that reverses a list.", "hello",
+    "Translate: bonjour", "List three colors.", "Why is the sky blue?", "def fib(n):",
+    "Explain recursion in one line.", "Name a prime number.", "Sort these: 3 1 2", "Say yes or no.",
+    "What day is it?", "Count to five.", "Spell 'cat' backwards.", "Give me a haiku.",
+    "x = [1, 2, 3]\nprint(", "The capital of France is", "Q: 7*6? A:", "Finish: once upon a",
+    "Describe a tree.", "import numpy as np\n",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    from mars_bench.models.adapter import CausalLMAdapter
+    from mars_bench.models.tiny import tiny_pair
+
+    target, draft, tok = tiny_pair()
+    t = CausalLMAdapter(target)
+    return t, CausalLMAdapter(draft, out_vocab=t.vocab), tok
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(tiny):
+    tok = tiny[2]
+    return [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                    return_dict=False) for p in PROMPTS]

@@ -1,0 +1,113 @@
+"""Greedy losslessness against transformers' own generate, stop conditions, and the KV cache."""
+import pytest
+import torch
+
+from mars_bench import rules
+from mars_bench.decoding import DecodeConfig, Method, generate, speculative_step
+
+EOS = 258
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def hf_reference(tiny, prompt_ids):
+    target = tiny[0].model
+    out = []
+    for ids in prompt_ids:
+        g = target.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
+                            eos_token_id=EOS, pad_token_id=256)
+        out.append(g[0, len(ids):].tolist())
+    return out
+
+
+def test_reference_is_nontrivial(hf_reference):
+    assert len(hf_reference) >= 20
+    assert any(len(r) == MAX_NEW for r in hf_reference) and any(r[-1] == EOS for r in hf_reference)
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_sd_and_mars_theta1_match_hf_generate(tiny, prompt_ids, hf_reference, k):
+    target, draft, tok = tiny
+    cfg = DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,))
+    methods = [Method("sd", k=k, rule="exact"),
+               Method("mars", k=k, rule="mars", rule_kwargs={"theta": 1.0, "nonpositive_top1": "strict"})]
+    rejected = 0
+    for ids, ref in zip(prompt_ids, hf_reference):
+        for m in methods:
+            res = generate(target, draft, tok, ids, m, cfg)
+            assert res.tokens == ref, (m, tok.decode(ids))
+            assert not res.relaxed
+            rejected += res.outcome.count("X")
+    assert rejected > 0   # the draft really disagrees sometimes: the reject path ran
+
+
+def test_ar_matches_hf_generate(tiny, prompt_ids, hf_reference):
+    target, draft, tok = tiny
+    cfg = DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,))
+    for ids, ref in zip(prompt_ids, hf_reference):
+        res = generate(target, None, tok, ids, Method("ar"), cfg)
+        assert res.tokens == ref and res.tau == 1.0 and res.steps == len(ref)
+
+
+def test_max_new_tokens_never_exceeded_and_stop_strings_identical(tiny, prompt_ids):
+    target, draft, tok = tiny
+    for max_new in (1, 2, 5, 13):
+        cfg = DecodeConfig(max_new_tokens=max_new)
+        for ids in prompt_ids[:6]:
+            outs = [generate(target, draft, tok, ids, m, cfg).tokens for m in
+                    (Method("ar"), Method("sd", k=8), Method("mars", k=3, rule="mars", rule_kwargs={"theta": 0.5}))]
+            assert all(len(o) <= max_new for o in outs)
+            assert outs[0] == outs[1]
+    # a stop string that the greedy output really contains, cut at the same token by every method
+    ref = generate(target, None, tok, prompt_ids[0], Method("ar"), DecodeConfig(max_new_tokens=40)).tokens
+    pos = next(i for i in range(8, len(ref)) if ref[i] < 94 and ref[i] not in ref[:i])
+    stop = tok.decode([ref[pos]])   # a printable byte first emitted at token ``pos``
+    cfg = DecodeConfig(max_new_tokens=40, stop_strings=(stop,))
+    outs = [generate(target, draft, tok, prompt_ids[0], m, cfg) for m in (Method("ar"), Method("sd", k=5))]
+    assert outs[0].tokens == outs[1].tokens and outs[0].stop_reason == "stop_string"
+    assert outs[0].tokens == ref[: pos + 1]
+
+
+def test_sampled_decoding_is_seeded(tiny, prompt_ids):
+    target, draft, tok = tiny
+    cfg = DecodeConfig(max_new_tokens=20, temperature=0.8, top_p=0.9)
+    m = Method("mars", k=4, rule="mars", rule_kwargs={"theta": 0.9})
+    a = generate(target, draft, tok, prompt_ids[3], m, cfg, seed=7).tokens
+    b = generate(target, draft, tok, prompt_ids[3], m, cfg, seed=7).tokens
+    c = generate(target, draft, tok, prompt_ids[3], m, cfg, seed=8).tokens
+    assert a == b and a != c
+
+
+def test_cache_after_rejections_matches_fresh_forward(tiny, prompt_ids):
+    target, draft, tok = tiny
+    cfg = DecodeConfig(max_new_tokens=200)
+    seq = list(prompt_ids[2])
+    for m in (target, draft):
+        m.reset()
+        m.forward(seq[:-1], logits=False)
+    rejections = 0
+    for _ in range(12):
+        committed, v = speculative_step(target, draft, seq, 6, rules.exact, cfg, None)
+        rejections += v.n_accepted < 6
+        seq += committed
+        assert target.cache_len == len(seq) - 1 and draft.cache_len <= len(seq) - 1
+    assert rejections > 0
+    cached = target.forward([seq[-1]])[-1]
+    with torch.inference_mode():
+        fresh = target.model(torch.tensor([seq])).logits[0, -1].float()
+    torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
+    catch_up = seq[draft.cache_len:]
+    cached_d = draft.forward(catch_up)[-1]
+    with torch.inference_mode():
+        fresh_d = draft.model(torch.tensor([seq])).logits[0, -1, : target.vocab].float()
+    torch.testing.assert_close(cached_d, fresh_d, atol=1e-4, rtol=1e-4)
+
+
+def test_keep_compacts_cache_by_index(tiny, prompt_ids):
+    target = tiny[0]
+    seq = prompt_ids[1]
+    target.reset()
+    target.forward(seq + [5, 6, 7])          # extra branch tokens appended
+    keep = torch.tensor(list(range(len(seq) - 1)) + [len(seq) + 1])   # drop seq[-1], 5; keep 6
+    target.keep(keep)
+    assert target.cache_len == len(seq)
