@@ -7,7 +7,7 @@ one-line message naming the bad value and what is allowed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from typing import Any, Optional
 
 from .decoding import METHODS, DecodeConfig, Method
@@ -101,8 +101,22 @@ def _one_of(name: str, value: Any, allowed) -> str:
     return value
 
 
+def _known_keys(cfg: Any) -> None:
+    """Keys added with Hydra's ``+`` bypass struct mode: refuse those the schema does not know."""
+    from dataclasses import fields
+
+    groups = {f.name: f.default_factory for f in fields(Config) if f.default_factory is not MISSING}
+    for f in fields(Config):
+        if f.name in groups:
+            allowed = [g.name for g in fields(groups[f.name]())]
+            for key in cfg[f.name]:
+                if key not in allowed:
+                    raise ConfigError(f"unknown key {f.name}.{key}; allowed: {', '.join(allowed)}")
+
+
 def validate(cfg: Any) -> None:
     """Check every user-facing value; raise ConfigError naming the first bad one."""
+    _known_keys(cfg)
     m = cfg.method
     _one_of("method.name", m.name, METHODS)
     _one_of("method.rule", m.rule, tuple(RULES))

@@ -133,6 +133,9 @@ def generate(target: CausalLMAdapter, draft: CausalLMAdapter | None, tokenizer, 
         gen = torch.Generator(device=target.device).manual_seed(seed)
     stopper, res = Stopper(tokenizer, cfg), DecodeResult()
     models = [target, draft] if spec else [target]
+    _expect(target, method.k + 1 if spec else 1)   # CPU fast path: pack for the usual row count
+    if spec:
+        _expect(draft, 1)
     t_before = [m.forward_s for m in models]
     t0 = time.perf_counter()
     for m in models:                    # prefill everything but the last prompt token
@@ -160,6 +163,11 @@ def generate(target: CausalLMAdapter, draft: CausalLMAdapter | None, tokenizer, 
     res.target_s = target.forward_s - t_before[0]
     res.draft_s = draft.forward_s - t_before[1] if spec else 0.0
     return res
+
+
+def _expect(model, n_tokens: int) -> None:
+    if hasattr(model, "expect"):        # stand-in adapters in tests may not implement the hint
+        model.expect(n_tokens)
 
 
 def _audit(res: DecodeResult, v: rules.ChainVerdict, k: int, start: int, committed) -> None:

@@ -44,6 +44,7 @@ class CausalLMAdapter:
         self.cache = None
         self.forward_s = 0.0      # accumulated wall seconds inside forward()
         self.n_forwards = 0
+        self.rows = None          # tokens most forwards will score (a hint for the CPU fast path)
         self.reset()
 
     # -- cache -------------------------------------------------------------------------------
@@ -66,6 +67,14 @@ class CausalLMAdapter:
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(-2, index)
             layer.values = layer.values.index_select(-2, index)
+
+    def expect(self, n_tokens: int) -> None:
+        """Hint: most forwards will score ``n_tokens`` tokens (k + 1 when verifying, 1 when drafting)."""
+        if n_tokens != self.rows:
+            from .fastpath import set_rows
+
+            set_rows(self.model, n_tokens)
+            self.rows = n_tokens
 
     # -- scoring -----------------------------------------------------------------------------
     def _sync(self) -> None:
