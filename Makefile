@@ -25,6 +25,25 @@ run: $(STAMP)
 	$(BIN)/mars-bench --multirun method=ar,sd,mars task=gsm8k limit=3 max_new_tokens=128
 	$(BIN)/mars-bench-report results
 
+# Whole pipeline in ~30 s on the tiny random pair (no downloads): methods + theta sweeps, then the report.
+demo: $(STAMP)
+	$(BIN)/mars-bench --multirun +debug=tiny +sweep=methods results_dir=results/demo
+	$(BIN)/mars-bench --multirun +debug=tiny +sweep=theta results_dir=results/demo
+	$(BIN)/mars-bench-report results/demo
+
+# The study in miniature on this CPU (conf/experiment/cpu_reproduction.yaml), <= 60 min on 2 cores; rerun resumes.
+reproduce: $(STAMP)
+	$(BIN)/mars-bench --multirun +experiment=cpu_reproduction
+	$(BIN)/mars-bench-report results
+
+# Tables (md/csv/tex) and figures (png/pdf) of everything under results/ -> results/report/
+figures: $(STAMP)
+	$(BIN)/mars-bench-report results
+
+# Speed of every decoding path on the embedded pair, side by side in one run -> results/bench/
+bench: $(STAMP)
+	$(BIN)/python scripts/bench.py
+
 # Fast tier: tiny random models, CPU, minutes. The real-pair tier is `make test-slow`.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

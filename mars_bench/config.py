@@ -10,10 +10,12 @@ import math
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Optional
 
-from .decoding import METHODS, DecodeConfig, Method
+from .decoding import METHODS, TREE_METHODS, DecodeConfig, Method
 from .rules import NONPOSITIVE_TOP1, RULES, SAMPLED_TOP1
 
 SOURCES = ("tiny", "embedded", "hf")
+MARS_METHODS = ("mars", "mars_tree", "eagle3_mars")
+DRAFT_METHODS = ("sd", "mars", "sd_tree", "mars_tree")     # need a separate draft model
 DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -32,18 +34,25 @@ class ModelConfig:
     device_map: Optional[str] = None  # e.g. "auto" to shard a large target over several GPUs
     cache_dir: Optional[str] = None   # embedded: converted-model cache (null: $MARS_BENCH_CACHE or ~/.cache/mars-bench)
     fast_path: str = "auto"         # CPU fast path: auto (on for cpu) | on | off
+    eagle3: Optional[str] = None    # EAGLE-3 head (Hub id or local dir) for method=eagle3 / eagle3_mars
     seed: int = 0                   # tiny: weight seed
     noise: float = 0.05             # tiny: draft = target weights + noise * std
 
 
 @dataclass
 class MethodConfig:
-    name: str = "mars"              # ar | sd | mars
-    k: int = 4                      # draft tokens proposed per step (chain)
+    name: str = "mars"              # ar | sd | mars | sd_tree | mars_tree | eagle3 | eagle3_mars
+    k: int = 4                      # draft tokens proposed per step (chain methods)
     rule: str = "mars"              # verification rule: exact | mars
     theta: float = 0.9              # MARS threshold on r = z2/z1, in (0, 1]
     nonpositive_top1: str = "strict"  # strict: never relax when z1 <= 0 | ratio: authors' z2/(z1+1e-10)
     sampled_top1: str = "always"    # sampling: always accept a top-1 draft | margin: only when r > theta (authors' code)
+    # tree methods (docs/trees_and_eagle3.md); the authors' Qwen3 scripts use total_tokens 50, depth 6, top_k 10
+    depth: int = 4                  # expansion forwards after the root (drafts reach depth + 1)
+    top_k: int = 4                  # children per expanded node, and frontier width
+    total_tokens: int = 16          # tree size including the root
+    static_paths: Optional[Any] = None  # a static tree as a list of child-rank paths; null = dynamic
+    children: str = "topk"          # sampled trees: topk (q = one-hot, EAGLE) | sample (without replacement)
 
 
 @dataclass
@@ -126,15 +135,23 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"method.theta={m.theta!r}; allowed: a number in (0, 1]")
     _one_of("method.nonpositive_top1", m.nonpositive_top1, NONPOSITIVE_TOP1)
     _one_of("method.sampled_top1", m.sampled_top1, SAMPLED_TOP1)
-    if m.name == "sd" and m.rule != "exact":
-        raise ConfigError(f"method.rule={m.rule!r} with method.name=sd; allowed: exact (use method=mars for mars)")
-    if m.name == "mars" and m.rule != "mars":
-        raise ConfigError(f"method.rule={m.rule!r} with method.name=mars; allowed: mars")
+    want = "mars" if m.name in MARS_METHODS else "exact"
+    if m.name != "ar" and m.rule != want:
+        raise ConfigError(f"method.rule={m.rule!r} with method.name={m.name}; allowed: {want}")
+    if m.name in TREE_METHODS:
+        from .tree import TreeSpec
+
+        try:
+            TreeSpec(**tree_knobs(m))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if m.name.startswith("eagle3") and not cfg.model.eagle3:
+        raise ConfigError(f"method.name={m.name} needs model.eagle3 (an EAGLE-3 head: Hub id or local dir)")
     _one_of("model.source", cfg.model.source, SOURCES)
     _one_of("model.device", cfg.model.device, DEVICES)
     _one_of("model.dtype", cfg.model.dtype, ("fp32", "bf16", "fp16"))
     _one_of("model.fast_path", cfg.model.fast_path, ("auto", "on", "off"))
-    if m.name != "ar" and cfg.model.source != "tiny" and not cfg.model.draft:
+    if m.name in DRAFT_METHODS and cfg.model.source != "tiny" and not cfg.model.draft:
         raise ConfigError(f"method.name={m.name!r} needs model.draft; this model config has none")
     for name in ("max_new_tokens", "limit"):
         if cfg[name] is not None:
@@ -149,13 +166,20 @@ def validate(cfg: Any) -> None:
     _one_of("logger.name", cfg.logger.name, ("none", "wandb"))
 
 
+def tree_knobs(m: Any) -> dict:
+    paths = None if m.static_paths is None else [list(p) for p in m.static_paths]
+    return {"depth": m.depth, "top_k": m.top_k, "total_tokens": m.total_tokens,
+            "static_paths": paths, "children": m.children}
+
+
 def method_of(cfg: Any) -> Method:
     m = cfg.method
     kwargs = {}
-    if m.rule == "mars":
+    if m.name in MARS_METHODS:
         kwargs = {"theta": float(m.theta), "nonpositive_top1": m.nonpositive_top1,
                   "sampled_top1": m.sampled_top1}
-    return Method(name=m.name, k=int(m.k), rule="exact" if m.name == "ar" else m.rule, rule_kwargs=kwargs)
+    return Method(name=m.name, k=int(m.k), rule="exact" if m.name == "ar" else m.rule, rule_kwargs=kwargs,
+                  tree=tree_knobs(m) if m.name in TREE_METHODS else {})
 
 
 def decode_config(cfg: Any, max_new_tokens: int, eos_ids, stop_strings) -> DecodeConfig:

@@ -15,7 +15,9 @@ import torch
 from . import rules, sampling
 from .models.adapter import CausalLMAdapter
 
-METHODS = ("ar", "sd", "mars")
+CHAIN_METHODS = ("ar", "sd", "mars")
+TREE_METHODS = ("sd_tree", "mars_tree", "eagle3", "eagle3_mars")   # mars_bench/tree_loop.py
+METHODS = CHAIN_METHODS + TREE_METHODS
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class Method:
     k: int = 4                      # draft tokens proposed per step
     rule: str = "exact"             # verification rule (rules.RULES)
     rule_kwargs: dict = field(default_factory=dict)  # theta, nonpositive_top1, sampled_top1
+    tree: dict = field(default_factory=dict)         # tree methods: depth, top_k, total_tokens, static_paths, children
 
 
 @dataclass
@@ -124,6 +127,10 @@ def generate(target: CausalLMAdapter, draft: CausalLMAdapter | None, tokenizer, 
     """Decode one prompt with ``method``; the same stop conditions apply to every method."""
     if method.name not in METHODS:
         raise ValueError(f"unknown method {method.name!r}; allowed: {', '.join(METHODS)}")
+    if method.name in TREE_METHODS:
+        from .tree_loop import generate_tree   # lazy: tree_loop imports this module
+
+        return generate_tree(target, draft, tokenizer, prompt, method, cfg, seed)
     if not prompt:
         raise ValueError("empty prompt: at least one token is needed")
     spec = method.name != "ar"

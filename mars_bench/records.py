@@ -86,14 +86,14 @@ class SampleWriter:
     """Appends one JSON line per finished sample; each line is flushed and fsynced."""
 
     def __init__(self, path: Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)   # nothing is created until the first record is written
         existing, _ = read_samples(self.path, repair=True)
         self.done = {r["id"] for r in existing}
         self._f = None
 
     def write(self, record: dict) -> None:
         if self._f is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             self._f = open(self.path, "a", encoding="utf-8")
         self._f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
         self._f.flush()
@@ -139,8 +139,8 @@ def totals(records: list[dict]) -> dict:
     proposed, accepted = _sum(records, "n_proposed"), _sum(records, "n_accepted")
     depth_prop, depth_acc = [], []
     for r in records:
-        for turn in r["turns"]:
-            for k, n in zip(turn["proposed"], turn["accepted"]):
+        for turn in r["turns"]:   # trees: depth_proposed = deepest draft per step; chains: k
+            for k, n in zip(turn.get("depth_proposed") or turn["proposed"], turn["accepted"]):
                 for d in range(k):
                     while len(depth_prop) <= d:
                         depth_prop.append(0)

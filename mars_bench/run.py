@@ -5,6 +5,7 @@ decode the rest (records written one by one), then write ``summary.json`` atomic
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
@@ -17,6 +18,7 @@ from . import config as C
 from .decoding import generate
 from .records import SampleWriter, atomic_write_text
 from .summary import summarize_run
+from .wandb_logger import make_logger
 
 log = logging.getLogger("mars_bench")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -30,7 +32,11 @@ def run_tag(cfg, max_new: int) -> str:
     """Directory name holding every setting that changes outputs (so reruns resume, never mix)."""
     m = cfg.method
     tag = m.name if m.name == "ar" else f"{m.name}-k{m.k}"
-    if m.name == "mars":
+    if m.name in C.TREE_METHODS:
+        shape = (f"paths{hashlib.sha1(str(list(map(list, m.static_paths))).encode()).hexdigest()[:8]}"
+                 if m.static_paths is not None else f"d{m.depth}-w{m.top_k}-t{m.total_tokens}")
+        tag = f"{m.name}-{shape}" + ("-sample" if m.children == "sample" and cfg.temperature > 0 else "")
+    if m.name in C.MARS_METHODS:
         tag += f"-th{_fmt(m.theta)}" + ("-ratio" if m.nonpositive_top1 == "ratio" else "")
         tag += "-margin" if (m.sampled_top1 == "margin" and cfg.temperature > 0) else ""
     return tag + f"-T{_fmt(cfg.temperature)}-p{_fmt(cfg.top_p)}-n{max_new}-s{cfg.seed}"
@@ -60,40 +66,57 @@ def prepare(cfg):
 
 
 def run(cfg: DictConfig) -> dict:
-    from .models.pairs import load_pair
-    from .tasks import build_messages
-
     task, samples, data_dir, max_new, task_dir = prepare(cfg)
     run_dir = task_dir / run_tag(cfg, max_new)
     method = C.method_of(cfg)
-    pair = load_pair(cfg.model, need_draft=method.name != "ar")
+    writer = SampleWriter(run_dir / "samples.jsonl")
+    todo = [(i, s) for i, s in enumerate(samples) if s.id not in writer.done]
+    label = f"{cfg.model.name} | {task.name} | {cfg.method.name}" + (
+        f" theta={_fmt(cfg.method.theta)}" if cfg.method.name in C.MARS_METHODS else "")
+    log.info("%s: %d samples (%d already done) -> %s", label, len(samples), len(samples) - len(todo), run_dir)
+    logger = make_logger(cfg.logger, run_dir, cfg)
+    try:
+        if todo:   # a finished run (e.g. a reused ar baseline) loads no model: it only re-summarizes
+            _decode(cfg, task, method, max_new, run_dir, todo, writer, logger, label)
+        summary = summarize_run(run_dir, task, samples, cfg, data_dir,
+                                ar_dir=task_dir / ar_tag(cfg, max_new) if method.name != "ar" else None)
+        logger.log_summary(summary)
+    finally:
+        logger.close()
+    log.info("%s: %s", label, {k: summary["totals"][k] for k in ("tokens_per_s", "tau", "n_relaxed")})
+    return summary
+
+
+def _decode(cfg, task, method, max_new, run_dir, todo, writer, logger, label) -> None:
+    """Decode the samples not done yet; one record per sample, written as soon as it finishes."""
+    from .models.pairs import load_pair
+    from .tasks import build_messages
+
+    pair = load_pair(cfg.model, need_draft=method.name in C.DRAFT_METHODS)
+    draft = pair.draft
+    if method.name.startswith("eagle3"):
+        from .eagle3 import load_eagle3_drafter
+
+        draft = load_eagle3_drafter(cfg.model.eagle3, pair.target)
     tok = pair.tokenizer
     eos = {tok.eos_token_id} | set(_as_list(getattr(pair.target.model.generation_config, "eos_token_id", None)))
     dcfg = C.decode_config(cfg, max_new, sorted(i for i in eos if i is not None), task.stop_strings)
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    writer = SampleWriter(run_dir / "samples.jsonl")
-    todo = [(i, s) for i, s in enumerate(samples) if s.id not in writer.done]
-    label = f"{cfg.model.name} | {task.name} | {cfg.method.name}" + (
-        f" theta={_fmt(cfg.method.theta)}" if cfg.method.name == "mars" else "")
-    log.info("%s: %d samples (%d already done) -> %s", label, len(samples), len(samples) - len(todo), run_dir)
-    bar = _progress(todo, label, cfg.progress)
     try:
-        for i, sample in bar:
+        for i, sample in _progress(todo, label, cfg.progress):
             outputs, turns = [], []
             for t in range(len(sample.turns)):
                 ids = tok.apply_chat_template(build_messages(task, sample, outputs, t),
                                               add_generation_prompt=True, return_dict=False)
-                res = generate(pair.target, pair.draft, tok, ids, method, dcfg,
+                res = generate(pair.target, draft, tok, ids, method, dcfg,
                                seed=cfg.seed * 1_000_003 + i + 100_003 * t)
                 outputs.append(tok.decode(res.tokens, skip_special_tokens=True))
                 turns.append(_turn_record(res, ids, outputs[-1]))
-            writer.write(_sample_record(cfg, task, sample, i, turns, task.score(sample, outputs)))
+            record = _sample_record(cfg, task, sample, i, turns, task.score(sample, outputs))
+            writer.write(record)
+            logger.log_sample(record)
     finally:
         writer.close()
-    summary = summarize_run(run_dir, task, samples, cfg, data_dir,
-                            ar_dir=task_dir / ar_tag(cfg, max_new) if method.name != "ar" else None)
-    log.info("%s: %s", label, {k: summary["totals"][k] for k in ("tokens_per_s", "tau", "n_relaxed")})
-    return summary
 
 
 def _as_list(x):
@@ -114,7 +137,8 @@ def _turn_record(res, prompt_ids, text) -> dict:
             "wall_s": res.wall_s, "target_s": res.target_s, "draft_s": res.draft_s,
             "proposed": res.proposed, "accepted": res.accepted, "relaxed": res.relaxed,
             "z1": [round(x, 4) for x in res.z1], "z2": [round(x, 4) for x in res.z2],
-            "outcome": res.outcome, "output_ids": res.tokens, "output_text": text}
+            "outcome": res.outcome, "output_ids": res.tokens, "output_text": text,
+            "depth_proposed": getattr(res, "depth_proposed", None)}
 
 
 def _sample_record(cfg, task, sample, index, turns, score) -> dict:
@@ -123,7 +147,7 @@ def _sample_record(cfg, task, sample, index, turns, score) -> dict:
     n_rel = sum(len(t["relaxed"]) for t in turns)
     return {"id": sample.id, "index": index, "task": task.name, "task_version": task.version,
             "model": cfg.model.name, "method": cfg.method.name, "k": cfg.method.k,
-            "theta": cfg.method.theta if cfg.method.name == "mars" else None,
+            "theta": cfg.method.theta if cfg.method.name in C.MARS_METHODS else None,
             "temperature": cfg.temperature, "seed": cfg.seed,
             "new_tokens": s("new_tokens"), "steps": s("steps"),
             "tau": s("new_tokens") / s("steps") if s("steps") else 0.0,

@@ -7,6 +7,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from . import records as R
+from .config import MARS_METHODS
 
 
 def fidelity_vs_ar(recs: list[dict], ar_recs: list[dict]) -> dict | None:
@@ -39,7 +40,7 @@ def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | No
         "run_dir": str(run_dir), "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": cfg.model.name, "task": task.name, "task_version": task.version,
         "method": cfg.method.name, "k": cfg.method.k,
-        "theta": cfg.method.theta if cfg.method.name == "mars" else None,
+        "theta": cfg.method.theta if cfg.method.name in MARS_METHODS else None,
         "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "manifest": R.manifest(), "data_sha256": task.data_sha256(data_dir),

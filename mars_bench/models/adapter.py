@@ -45,6 +45,7 @@ class CausalLMAdapter:
         self.forward_s = 0.0      # accumulated wall seconds inside forward()
         self.n_forwards = 0
         self.rows = None          # tokens most forwards will score (a hint for the CPU fast path)
+        self.packing = True       # False: ignore the hint (the plain path, for side-by-side benchmarks)
         self.reset()
 
     # -- cache -------------------------------------------------------------------------------
@@ -70,6 +71,7 @@ class CausalLMAdapter:
 
     def expect(self, n_tokens: int) -> None:
         """Hint: most forwards will score ``n_tokens`` tokens (k + 1 when verifying, 1 when drafting)."""
+        n_tokens = n_tokens if self.packing else None
         if n_tokens != self.rows:
             from .fastpath import set_rows
 

@@ -1,0 +1,273 @@
+"""Reading results trees into ``Run`` objects: results files only, never models or task data.
+
+Layout (written by ``mars_bench.run``): ``<root>/<model>_<dtype>_<device>/<task>-v<ver>/<run_tag>/``
+with ``samples.jsonl`` (one record per finished sample), ``summary.json`` and ``config.yaml``.
+
+* Many roots, or one root written by many workers: directories with the same
+  (model dir, task dir, run tag) are one run; their samples are merged by id (first complete record wins).
+* ``summary.json`` is used when it covers the samples found; otherwise totals are recomputed from
+  ``samples.jsonl`` with ``records.totals`` and the run is marked (``Run.notes``).
+* A corrupt or truncated line is reported as 'file:line: why' in ``Run.problems`` and skipped.
+* Speedup and fidelity are recomputed from samples (``records.speedup``, ``summary.fidelity_vs_ar``) when
+  the summary lacks them or is stale and the matching ``ar-...`` sibling (same T, p, n, seed) exists.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from .. import records as R
+
+# <method>[-k<k>][-th<theta>][-<other knobs>...]-T<temperature>-p<top_p>-n<max new>-s<seed>; knobs this module
+# does not know (e.g. a tree method's) are kept, shown in labels, and keep runs apart.
+TAIL_RE = re.compile(r"^(?P<head>[a-z][a-z0-9_]*(?:-[A-Za-z0-9_.+]+)*?)-T(?P<T>[0-9.e+-]+?)-p(?P<p>[0-9.e+-]+?)"
+                     r"-n(?P<n>\d+)-s(?P<seed>\d+)$")
+NUM = r"\d+(?:\.\d+)?(?:e[+-]?\d+)?"
+DEFAULT_THETA = 0.9
+
+
+@dataclass
+class Run:
+    model_dir: str                  # e.g. tiny_fp32_cpu (model name, dtype, device)
+    task_dir: str                   # e.g. gsm8k-v1
+    tag: str                        # e.g. mars-k4-th0.9-T0-p1-n32-s0
+    dirs: list[Path]
+    method: str
+    k: int | None
+    theta: float | None
+    flags: tuple[str, ...]
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+    model: str = ""
+    task: str = ""
+    task_version: int | None = None
+    records: list[dict] = field(default_factory=list)
+    totals: dict = field(default_factory=dict)
+    quality: dict = field(default_factory=dict)
+    metric_directions: dict = field(default_factory=dict)
+    speedup: dict | None = None
+    fidelity: dict | None = None
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    summary: dict | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.model_dir, self.task_dir, self.tag)
+
+    @property
+    def settings(self) -> tuple:
+        """Everything but the method: runs with equal settings are compared with each other."""
+        return (self.model_dir, self.task_dir, self.temperature, self.top_p, self.max_new_tokens, self.seed)
+
+    @property
+    def ar_tag(self) -> str:
+        """The tag of the ar run with the same settings (see run.ar_tag)."""
+        return "ar-" + self.tag[TAIL_RE.match(self.tag).start("T") - 1:]
+
+    @property
+    def relaxed(self) -> bool:
+        """A margin-aware method (mars, or any method whose run tag has a theta)."""
+        return self.theta is not None
+
+    @property
+    def lossless(self) -> bool:
+        """A speculative method with exact verification (sd, tree / EAGLE variants without theta)."""
+        return self.method != "ar" and self.theta is None
+
+    @property
+    def family(self) -> tuple:
+        """Runs of one family differ only in theta (a theta sweep is one family)."""
+        return (self.method, self.k, self.flags)
+
+    @property
+    def family_label(self) -> str:
+        return " ".join([self.method] + ([f"k={self.k}"] if self.k is not None else []) + list(self.flags))
+
+    @property
+    def label(self) -> str:
+        if self.method == "ar":
+            return "ar"
+        out = self.method + (f" θ={self.theta:g}" if self.theta is not None else "")
+        out += f" k={self.k}" if self.k is not None else ""
+        return out + "".join(f" {f}" for f in self.flags)
+
+    @property
+    def sort_key(self) -> tuple:
+        role = 0 if self.method == "ar" else (2 if self.relaxed else 1)
+        return (self.settings, role, self.method, self.k or 0, self.flags,
+                self.theta if self.theta is not None else -1.0)
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.totals.get("n_samples") or 0)
+
+    @property
+    def settings_label(self) -> str:
+        return f"T={self.temperature:g} p={self.top_p:g} n≤{self.max_new_tokens} seed={self.seed}"
+
+    @property
+    def title(self) -> str:
+        """Model pair and task for figure titles, e.g. 'tiny (fp32, cpu) | prompts v1'."""
+        extra = self.model_dir[len(self.model):].strip("_").split("_") if self.model_dir.startswith(self.model) else []
+        model = f"{self.model} ({', '.join(extra)})" if extra and extra != [""] else self.model_dir
+        return f"{model} | {self.task} v{self.task_version}"
+
+
+def parse_tag(tag: str) -> dict | None:
+    m = TAIL_RE.match(tag)
+    if not m:
+        return None
+    method, *knobs = re.split(r"(?<!\de)-", m["head"])   # not inside 1e-05
+    k = theta = None
+    flags = []
+    for knob in knobs:
+        if re.fullmatch(r"k\d+", knob) and k is None:
+            k = int(knob[1:])
+        elif re.fullmatch(f"th{NUM}", knob) and theta is None:
+            theta = float(knob[2:])
+        else:
+            flags.append(knob)
+    try:
+        return {"method": method, "k": k, "theta": theta, "flags": tuple(flags),
+                "temperature": float(m["T"]), "top_p": float(m["p"]), "max_new_tokens": int(m["n"]),
+                "seed": int(m["seed"])}
+    except ValueError:
+        return None
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"{root}: no such results directory")
+    dirs = {p.parent for name in ("samples.jsonl", "summary.json") for p in root.rglob(name)}
+    return sorted(d for d in dirs if parse_tag(d.name) is not None)
+
+
+def load_runs(roots: str | Path | Iterable[str | Path]) -> list[Run]:
+    """Every run under one or more results roots, merged by (model dir, task dir, run tag), sorted."""
+    if isinstance(roots, (str, Path)):
+        roots = [roots]
+    by_key: dict[tuple, list[Path]] = {}
+    for root in roots:
+        for d in find_run_dirs(Path(root)):
+            by_key.setdefault((d.parent.parent.name, d.parent.name, d.name), []).append(d)
+    runs = [_load_one(key, dirs) for key, dirs in by_key.items()]
+    _share_directions(runs)
+    index = {r.key: r for r in runs}
+    for r in runs:
+        if r.method != "ar":
+            _compare_with_ar(r, index.get((r.model_dir, r.task_dir, r.ar_tag)))
+    return sorted(runs, key=lambda r: r.sort_key)
+
+
+def groups(runs: Iterable[Run]) -> dict[tuple, list[Run]]:
+    """Runs by settings (model dir, task dir, T, p, n, seed), each list sorted ar, sd, mars by theta."""
+    out: dict[tuple, list[Run]] = {}
+    for r in sorted(runs, key=lambda r: r.sort_key):
+        out.setdefault(r.settings, []).append(r)
+    return out
+
+
+def problems(runs: Iterable[Run]) -> list[str]:
+    return [p for r in runs for p in r.problems]
+
+
+# ---- one run -------------------------------------------------------------------------------------
+def _load_one(key: tuple, dirs: list[Path]) -> Run:
+    model_dir, task_dir, tag = key
+    meta = parse_tag(tag)
+    run = Run(model_dir=model_dir, task_dir=task_dir, tag=tag, dirs=list(dirs), **meta)
+    task, _, ver = task_dir.rpartition("-v")
+    run.task, run.task_version = (task, int(ver)) if ver.isdigit() else (task_dir, None)
+    records, seen, summaries = [], {}, []
+    for d in dirs:
+        recs, probs = R.read_samples(d / "samples.jsonl")
+        run.problems += probs
+        for rec in recs:
+            first = seen.get(rec["id"])
+            if first is None:
+                seen[rec["id"]] = (d, rec)
+                records.append(rec)
+            elif _outputs(first[1]) != _outputs(rec):
+                run.problems.append(f"{d / 'samples.jsonl'}: sample {rec['id']!r} differs from the copy in "
+                                    f"{first[0]}; kept the first")
+        s = _read_summary(d / "summary.json", run.problems)
+        if s is not None:
+            summaries.append(s)
+    run.records = records
+    run.model = next((x["model"] for x in summaries + records if x.get("model")), model_dir)
+    has_samples = any((d / "samples.jsonl").exists() for d in dirs)
+    s = max(summaries, key=lambda x: x.get("totals", {}).get("n_samples", 0), default=None)
+    run.summary = s
+    if s is not None:
+        run.metric_directions = dict(s.get("metric_directions") or {})
+        run.quality = dict(s.get("quality") or {})
+        run.problems += [p for p in s.get("problems") or [] if p not in run.problems]
+    summary_n = (s or {}).get("totals", {}).get("n_samples")
+    if s is not None and (not has_samples or summary_n == len(records)):
+        run.totals = dict(s["totals"])
+        run.speedup, run.fidelity = s.get("speedup"), s.get("fidelity")
+        if not has_samples:
+            run.notes.append("no samples.jsonl: numbers from summary.json only")
+    else:
+        run.totals = R.totals(records)
+        if s is None:
+            run.notes.append("no summary.json: totals from samples.jsonl, no quality metrics")
+        else:
+            run.notes.append(f"summary.json covers {summary_n} samples, samples.jsonl {len(records)}: "
+                             f"totals recomputed; quality is over the {summary_n}")
+    if len(dirs) > 1:
+        run.notes.append(f"merged from {len(dirs)} directories")
+    return run
+
+
+def _outputs(rec: dict) -> list:
+    return [t.get("output_ids") for t in rec.get("turns", [])]
+
+
+def _read_summary(path: Path, problems: list[str]) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        s = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(s, dict) or not isinstance(s.get("totals"), dict):
+            raise ValueError("not a summary (no 'totals')")
+        return s
+    except ValueError as e:
+        problems.append(f"{path}: unreadable summary ({e}); using samples.jsonl")
+        return None
+
+
+def _share_directions(runs: list[Run]) -> None:
+    """A task declares its metric directions once; runs without a summary borrow them."""
+    by_task = {}
+    for r in runs:
+        if r.metric_directions:
+            by_task.setdefault(r.task_dir, r.metric_directions)
+    for r in runs:
+        if not r.metric_directions:
+            r.metric_directions = dict(by_task.get(r.task_dir, {}))
+
+
+def _compare_with_ar(run: Run, ar: Run | None) -> None:
+    """Speedup and fidelity against the ar sibling, recomputed when the summary's are missing or stale."""
+    if ar is None or not ar.records or not run.records:
+        if run.speedup is None:
+            run.notes.append(f"no speedup: no ar run {run.ar_tag} with samples beside it")
+        return
+    ar_ids = {r["id"] for r in ar.records}
+    n_common = sum(r["id"] in ar_ids for r in run.records)
+    fid_n = ((run.fidelity or {}).get("aggregate") or {}).get("n")
+    if run.speedup is not None and run.speedup.get("n_common") == n_common and fid_n == n_common:
+        return
+    from ..summary import fidelity_vs_ar
+
+    run.speedup = R.speedup(run.records, ar.records)
+    run.fidelity = fidelity_vs_ar(run.records, ar.records)
+    run.notes.append(f"speedup and fidelity recomputed from samples ({n_common} in common with ar)")

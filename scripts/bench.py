@@ -1,0 +1,245 @@
+"""`make bench`: speed of every decoding path on the embedded default pair, measured side by side.
+
+Greedy, the same prompts (first GSM8K and HumanEval questions, chat template), the same
+max_new_tokens and stop conditions for every row, methods interleaved prompt by prompt so machine
+noise hits all rows alike. Only ratios measured in this one run are meaningful.
+Rows: our ar on the plain and the fast path, transformers `generate`, transformers assisted generation
+(the draft as `assistant_model`), our lossless sd and mars (theta 0.9) at their best measured k, and
+tree drafts. Also: target forward cost of n tokens over 1 token (n = 1..16) on both paths, and the
+share of wall time outside model forwards. Writes results/bench/bench.{md,csv,json} and bench.png.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mars_bench.decoding import DecodeConfig, Method, generate  # noqa: E402
+from mars_bench.models import fastpath  # noqa: E402
+from mars_bench.records import SPEEDUP_DEFINITION, TAU_DEFINITION  # noqa: E402
+
+
+def load(args):
+    from hydra import compose, initialize_config_dir
+
+    from mars_bench import config as C
+    from mars_bench.models.pairs import load_pair
+
+    C.register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"model.fast_path={'on' if fastpath.available() else 'off'}"])
+    return load_pair(cfg.model)
+
+
+def prompts(tok, n, data_dir):
+    from mars_bench.tasks import build_messages, get_task
+
+    out = []
+    for name in ("gsm8k", "humaneval"):
+        task = get_task(name)
+        for s in task.load(data_dir, limit=(n + 1) // 2 if name == "gsm8k" else n // 2):
+            out.append((s.id, tok.apply_chat_template(build_messages(task, s, [], 0),
+                                                      add_generation_prompt=True, return_dict=False)))
+    return out
+
+
+def set_path(pair, fast: bool):
+    for a in (pair.target, pair.draft):
+        a.packing = fast
+        a.expect(1)
+        if not fast:
+            fastpath.set_rows(a.model, None)
+            a.rows = None
+
+
+def ours(pair, method, fast, cfg):
+    def run(ids):
+        set_path(pair, fast)
+        r = generate(pair.target, pair.draft, pair.tokenizer, ids, method, cfg)
+        return {"tokens": r.tokens, "wall_s": r.wall_s, "steps": r.steps,
+                "forward_s": r.target_s + r.draft_s}
+    return run
+
+
+def hf(pair, cfg, assisted):
+    def run(ids):
+        set_path(pair, False)
+        kw = {"assistant_model": pair.draft.model} if assisted else {}
+        x = torch.tensor([ids], device=pair.target.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = pair.target.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                             max_new_tokens=cfg.max_new_tokens, eos_token_id=list(cfg.eos_ids),
+                                             pad_token_id=cfg.eos_ids[0], **kw)
+        wall = time.perf_counter() - t0
+        return {"tokens": out[0, len(ids):].tolist(), "wall_s": wall, "steps": None, "forward_s": None}
+    return run
+
+
+def measure(rows: dict, items, reps_label=""):
+    """Interleaved: for each prompt, every row once. -> {row: [per-prompt dicts]}"""
+    out = {name: [] for name in rows}
+    for i, (pid, ids) in enumerate(items):
+        for name, fn in rows.items():
+            out[name].append(fn(ids) | {"id": pid})
+        print(f"  {reps_label}prompt {i + 1}/{len(items)} done", file=sys.stderr, flush=True)
+    return out
+
+
+def agg(res):
+    tok = sum(len(r["tokens"]) for r in res)
+    wall = sum(r["wall_s"] for r in res)
+    steps = [r["steps"] for r in res if r["steps"] is not None]
+    fwd = [r["forward_s"] for r in res if r["forward_s"] is not None]
+    return {"tokens": tok, "wall_s": wall, "tokens_per_s": tok / wall,
+            "tau": tok / sum(steps) if steps else None,
+            "outside_forward_share": 1 - sum(fwd) / wall if fwd else None}
+
+
+def forward_costs(adapter, fast, ctx=200, reps=3, max_n=16):
+    """ms of one target forward scoring n new tokens after a ctx-token prefix, n = 1..max_n."""
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, 150000, (ctx,), generator=g).tolist()
+    out = {}
+    for n in range(1, max_n + 1):
+        adapter.packing = fast
+        if fast:
+            adapter.expect(n)
+        else:
+            fastpath.set_rows(adapter.model, None)
+            adapter.rows = None
+        best = float("inf")
+        for _ in range(reps):
+            adapter.reset()
+            adapter.forward(prefix, logits=False)
+            t0 = time.perf_counter()
+            adapter.forward(torch.randint(0, 150000, (n,), generator=g).tolist())
+            best = min(best, time.perf_counter() - t0)
+        out[n] = best * 1000
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=10, help="GSM8K + HumanEval prompts (half each)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--k-sweep", default="2,3,4,5,7", help="k values tried for sd and mars")
+    ap.add_argument("--sweep-prompts", type=int, default=2, help="prompts used to pick k")
+    ap.add_argument("--tree", default="4,4,16", help="depth,top_k,total_tokens of the tree rows ('' = none)")
+    ap.add_argument("--out", default=str(ROOT / "results" / "bench"))
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    data_dir = os.environ.get("MARS_BENCH_DATA_DIR", str(ROOT.parent / "shared" / "data"))
+    pair = load(args)
+    tok = pair.tokenizer
+    gen_eos = pair.target.model.generation_config.eos_token_id
+    eos = sorted({tok.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) - {None})
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_ids=tuple(eos))
+    items = prompts(tok, args.prompts, data_dir)
+    fast = fastpath.available()
+    mars = lambda k: Method("mars", k=k, rule="mars", rule_kwargs={"theta": 0.9})  # noqa: E731
+
+    print("forward cost of n tokens (target)...", file=sys.stderr)
+    costs = {"plain": forward_costs(pair.target, False), "fast": forward_costs(pair.target, True)}
+
+    ks = [int(k) for k in args.k_sweep.split(",")]
+    sweep_rows = {"ar": ours(pair, Method("ar"), fast, cfg)}
+    for k in ks:
+        sweep_rows[f"sd k={k}"] = ours(pair, Method("sd", k=k), fast, cfg)
+        sweep_rows[f"mars k={k}"] = ours(pair, mars(k), fast, cfg)
+    print("k sweep...", file=sys.stderr)
+    sweep = {n: agg(r) for n, r in measure(sweep_rows, items[: args.sweep_prompts], "sweep ").items()}
+    best = {m: max(ks, key=lambda k: sweep[f"{m} k={k}"]["tokens_per_s"]) for m in ("sd", "mars")}
+
+    rows = {"ar (plain path)": ours(pair, Method("ar"), False, cfg),
+            "ar (fast path)": ours(pair, Method("ar"), fast, cfg),
+            "transformers generate": hf(pair, cfg, False),
+            "transformers assisted": hf(pair, cfg, True),
+            f"sd k={best['sd']}": ours(pair, Method("sd", k=best["sd"]), fast, cfg),
+            f"mars k={best['mars']} theta=0.9": ours(pair, mars(best["mars"]), fast, cfg)}
+    if args.tree:
+        d, w, t = (int(x) for x in args.tree.split(","))
+        tree = {"depth": d, "top_k": w, "total_tokens": t, "static_paths": None, "children": "topk"}
+        rows[f"sd_tree d{d} w{w} t{t}"] = ours(pair, Method("sd_tree", rule="exact", tree=tree), fast, cfg)
+        rows[f"mars_tree d{d} w{w} t{t} theta=0.9"] = ours(
+            pair, Method("mars_tree", rule="mars", rule_kwargs={"theta": 0.9}, tree=tree), fast, cfg)
+    print("main comparison...", file=sys.stderr)
+    raw = measure(rows, items)
+    table = {n: agg(r) for n, r in raw.items()}
+    base, hfg = table["ar (fast path)"], table["transformers generate"]
+    ref = [r["tokens"] for r in raw["transformers generate"]]
+    for n, row in table.items():
+        row["vs_ar"] = row["tokens_per_s"] / base["tokens_per_s"]
+        row["vs_hf_generate"] = row["tokens_per_s"] / hfg["tokens_per_s"]
+        row["identical_to_hf_generate"] = sum(a["tokens"] == b for a, b in zip(raw[n], ref))
+    write(args, table, sweep, costs, best, len(items), raw)
+
+
+def write(args, table, sweep, costs, best, n_prompts, raw):
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
+    lines = [f"# Embedded default pair (Qwen2.5-Coder 0.5B -> 1.5B, fp32, CPU {os.cpu_count()} cores), greedy",
+             "", f"{n_prompts} prompts (GSM8K + HumanEval), max_new_tokens={args.max_new_tokens}, interleaved. "
+             f"{TAU_DEFINITION}. Ratios are to our ar on the fast path ({SPEEDUP_DEFINITION}).", "",
+             "| method | tokens/s | tau | vs our ar | vs transformers generate | outside forwards | identical to generate |",
+             "|---|---|---|---|---|---|---|"]
+    for n, r in table.items():
+        share = r["outside_forward_share"]
+        lines.append(f"| {n} | {f(r['tokens_per_s'])} | {f(r['tau'])} | {f(r['vs_ar'])}x | "
+                     f"{f(r['vs_hf_generate'])}x | {'-' if share is None else f'{100 * share:.1f}%'} | "
+                     f"{r['identical_to_hf_generate']}/{n_prompts} |")
+    lines += ["", f"k sweep ({args.sweep_prompts} prompts; best: sd k={best['sd']}, mars k={best['mars']}):", "",
+              "| row | tokens/s | tau |", "|---|---|---|"]
+    lines += [f"| {n} | {f(r['tokens_per_s'])} | {f(r['tau'])} |" for n, r in sweep.items()]
+    lines += ["", "Target forward cost of n new tokens after 200 tokens of context, ms (ratio to n=1):", "",
+              "| n | plain | fast |", "|---|---|---|"]
+    for n in costs["plain"]:
+        p, q = costs["plain"][n], costs["fast"][n]
+        lines.append(f"| {n} | {p:.0f} ({p / costs['plain'][1]:.2f}) | {q:.0f} ({q / costs['fast'][1]:.2f}) |")
+    md = "\n".join(lines) + "\n"
+    (out / "bench.md").write_text(md)
+    with open(out / "bench.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["method", "tokens_per_s", "tau", "vs_ar", "vs_hf_generate", "outside_forward_share", "identical"])
+        for n, r in table.items():
+            w.writerow([n, r["tokens_per_s"], r["tau"], r["vs_ar"], r["vs_hf_generate"],
+                        r["outside_forward_share"], r["identical_to_hf_generate"]])
+    (out / "bench.json").write_text(json.dumps({"table": table, "sweep": sweep, "forward_ms": costs,
+                                                "best_k": best, "args": vars(args)}, indent=2))
+    plot(out, table)
+    print(md)
+
+
+def plot(out, table):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(table)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    axes[0].barh(names, [table[n]["vs_ar"] for n in names], color="tab:blue")
+    axes[0].axvline(1.0, color="k", lw=0.8, ls="--")
+    axes[0].set_xlabel("speedup over our ar, fast path (x)")
+    taus = [table[n]["tau"] or 0 for n in names]
+    axes[1].barh(names, taus, color="tab:orange")
+    axes[1].set_xlabel("tau (tokens per target forward)")
+    axes[1].set_yticklabels([])
+    fig.suptitle("Qwen2.5-Coder 0.5B -> 1.5B, fp32 CPU, greedy (GSM8K + HumanEval prompts)")
+    fig.tight_layout()
+    fig.savefig(out / "bench.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""The report (mars_bench.report) on the hand-made results tree tests/fixtures/results.
+
+The fixture: model dir toy-pair_fp32_cpu, task gsm8k-v1, T=0 p=1 n=8 seed=0, samples q0 q1 q2.
+  worker0/  ar (q0 q1 q2) + summary;  sd k=2 (q0 q1 q2) + summary without speedup (ar ran later);
+            mars th0.9 (q0 q1) + summary over those 2;  mars th0.8 (q0, a corrupt line 2, q1), no summary
+  worker1/  mars th0.9 (q2, then a truncated line 2 without newline: a worker killed mid-write)
+Every expected number below is derived by hand from the records (arithmetic in the comments).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mars_bench import records as R
+from mars_bench.report import all_tables, load_runs, main, make_figures, problems
+from mars_bench.report.logits import r_values
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = ROOT / "tests" / "fixtures" / "results"
+TD = "toy-pair_fp32_cpu/gsm8k-v1"
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {r.tag: r for r in load_runs(FIX)}
+
+
+def test_runs_found_and_merged(runs):
+    assert sorted(runs) == ["ar-T0-p1-n8-s0", "mars-k2-th0.8-T0-p1-n8-s0", "mars-k2-th0.9-T0-p1-n8-s0",
+                            "sd-k2-T0-p1-n8-s0"]
+    m9 = runs["mars-k2-th0.9-T0-p1-n8-s0"]
+    assert len(m9.dirs) == 2                                   # worker0 + worker1
+    assert [r["id"] for r in m9.records] == ["q0", "q1", "q2"]  # none lost, none duplicated
+    assert (m9.method, m9.k, m9.theta, m9.temperature, m9.top_p, m9.max_new_tokens, m9.seed) == \
+        ("mars", 2, 0.9, 0.0, 1.0, 8, 0)
+
+
+def test_ar_numbers(runs):
+    ar = runs["ar-T0-p1-n8-s0"]
+    # tokens 8 + 6 + 8 = 22 over wall 4 + 2 + 4 = 10 s -> 2.2 tokens/s; one token per forward -> tau 1
+    assert ar.totals["new_tokens"] == 22 and ar.totals["tokens_per_s"] == pytest.approx(2.2)
+    assert ar.totals["tau"] == pytest.approx(1.0)
+    assert ar.quality["accuracy_strict"] == pytest.approx(2 / 3)   # q0, q1 correct, q2 not (summary)
+    assert ar.notes == []                                          # summary covers all 3 samples
+
+
+def test_sd_speedup_recomputed_from_samples(runs):
+    sd = runs["sd-k2-T0-p1-n8-s0"]
+    # summary.json has speedup null (sd finished before ar); the ar sibling exists, so it is recomputed:
+    # sd tokens 22 over wall 2 + 1.5 + 2 = 5.5 s -> 4.0 tokens/s; speedup 4.0 / 2.2 = 20/11 = 1.8182
+    assert sd.speedup["speedup"] == pytest.approx(20 / 11)
+    # per sample: q0 (8/2)/(8/4) = 2, q1 (6/1.5)/(6/2) = 4/3, q2 (8/2)/(8/4) = 2 -> mean 16/9 = 1.7778
+    assert sd.speedup["speedup_mean_ratio"] == pytest.approx(16 / 9)
+    assert sd.speedup["n_common"] == 3
+    # steps 4 + 3 + 4 = 11 -> tau 22/11 = 2; accepted 4 + 3 + 4 = 11 of 8 + 6 + 8 = 22 proposed -> 0.5
+    assert sd.totals["tau"] == pytest.approx(2.0) and sd.totals["acceptance_rate"] == pytest.approx(0.5)
+    # depth 1: proposed in 4 + 3 + 4 = 11 steps, accepted where n_accepted >= 1: 3 + 3 + 4 = 10 -> 10/11
+    # depth 2: proposed 11, accepted where n_accepted >= 2: q0 step 1 only -> 1/11
+    assert sd.totals["acceptance_per_depth"] == pytest.approx([10 / 11, 1 / 11])
+    # sd is lossless: every output equals ar's
+    assert sd.fidelity["aggregate"]["pct_identical"] == 100.0
+    assert sd.fidelity["aggregate"]["median_first_divergence"] is None
+    assert any("recomputed" in n for n in sd.notes)
+
+
+def test_mars_merged_totals_recomputed(runs):
+    m9 = runs["mars-k2-th0.9-T0-p1-n8-s0"]
+    # 3 records (worker0: q0 q1, worker1: q2); worker0's summary covers 2 -> totals from samples
+    # tokens 8 + 6 + 8 = 22, steps 3 + 2 + 4 = 9 -> tau 22/9 = 2.4444; wall 1 + 1 + 2 = 4 s -> 5.5 tokens/s
+    assert m9.totals["n_samples"] == 3
+    assert m9.totals["tau"] == pytest.approx(22 / 9)
+    assert m9.totals["tokens_per_s"] == pytest.approx(5.5)
+    # speedup 5.5 / 2.2 = 2.5; per sample q0 (8/1)/(8/4) = 4, q1 (6/1)/(6/2) = 2, q2 (8/2)/(8/4) = 2 -> 8/3
+    assert m9.speedup["speedup"] == pytest.approx(2.5)
+    assert m9.speedup["speedup_mean_ratio"] == pytest.approx(8 / 3)
+    # accepted 5 + 4 + 4 = 13 of 6 + 4 + 8 = 18 proposed; relaxed 1 (q0) + 1 (q2) = 2
+    assert m9.totals["acceptance_rate"] == pytest.approx(13 / 18)
+    assert (m9.totals["n_relaxed"], m9.totals["n_exact"]) == (2, 11)
+    # depth 1: 3 + 2 + 4 = 9 steps, all accepted -> 1; depth 2: accepted in q0 steps 1-2 and q1 steps 1-2 -> 4/9
+    assert m9.totals["acceptance_per_depth"] == pytest.approx([1.0, 4 / 9])
+    # fidelity: q0 differs from ar at token 4, q1 identical, q2 differs at token 0
+    # -> 1/3 identical = 33.33 %, median first divergence over the 2 divergent = (4 + 0) / 2 = 2
+    agg = m9.fidelity["aggregate"]
+    assert agg["pct_identical"] == pytest.approx(100 / 3) and agg["median_first_divergence"] == 2
+    assert agg["n"] == 3 and 0 < agg["mean_chrf_to_ar"] < 100
+    # quality stays the summary's (over q0, q1: 1 of 2 correct) and the run says so
+    assert m9.quality["accuracy_strict"] == pytest.approx(0.5)
+    assert any("summary.json covers 2 samples" in n for n in m9.notes)
+    assert any("merged from 2" in n for n in m9.notes)
+
+
+def test_corrupt_and_truncated_lines_reported_and_skipped(runs):
+    m8 = runs["mars-k2-th0.8-T0-p1-n8-s0"]
+    assert [r["id"] for r in m8.records] == ["q0", "q1"]       # the rest of the file is still read
+    assert len(m8.problems) == 1 and m8.problems[0].startswith(
+        str(FIX / "worker0" / TD / "mars-k2-th0.8-T0-p1-n8-s0" / "samples.jsonl") + ":2:")
+    m9 = runs["mars-k2-th0.9-T0-p1-n8-s0"]
+    assert m9.problems == [f"{FIX / 'worker1' / TD / 'mars-k2-th0.9-T0-p1-n8-s0' / 'samples.jsonl'}:2: truncated line"]
+    # no summary for th0.8: totals from its 2 samples, speedup vs ar on q0, q1:
+    # mars 14 tokens / (2 + 1.5) s = 4 tokens/s; ar 14 / (4 + 2) s = 7/3 -> 4 / (7/3) = 12/7 = 1.7143
+    assert m8.speedup["speedup"] == pytest.approx(12 / 7)
+    assert m8.speedup["speedup_mean_ratio"] == pytest.approx((2 + 4 / 3) / 2)   # (8/2)/(8/4), (6/1.5)/(6/2)
+    assert m8.quality == {} and m8.metric_directions["accuracy_strict"] == "higher"  # directions borrowed
+    assert len(problems(runs.values())) == 2
+
+
+def test_several_roots_equal_one_tree(runs):
+    split = {r.tag: r for r in load_runs([FIX / "worker0", FIX / "worker1"])}
+    assert sorted(split) == sorted(runs)
+    for tag, r in runs.items():
+        assert split[tag].totals == r.totals and split[tag].speedup == r.speedup
+
+
+def test_tables_by_hand(runs):
+    t = all_tables(list(runs.values()))
+    main_rows = {row["label"]: row for row in t["main"].rows}
+    assert list(main_rows) == ["ar", "sd k=2", "mars θ=0.9 k=2"]     # th0.8 is not the main theta
+    assert main_rows["sd k=2"]["speedup"] == pytest.approx(20 / 11)
+    assert main_rows["mars θ=0.9 k=2"]["quality"] == pytest.approx(0.5)
+    assert main_rows["mars θ=0.9 k=2"]["metric"] == "accuracy_strict ↑"   # first declared metric
+    md = t["main"].to_markdown()
+    assert "| sd k=2 | 3 | 4.00 | 2.00 | 1.82 | 1.78 | 0.500 | accuracy_strict ↑ | 0.667 |" in md
+    assert "| mars θ=0.9 k=2 | 3 | 5.50 | 2.44 | 2.50 | 2.67 | 0.722 | accuracy_strict ↑ | 0.500 | ⚠" in md
+    theta_rows = {row["label"]: row for row in t["theta"].rows}
+    assert list(theta_rows) == ["sd k=2", "mars θ=0.8 k=2", "mars θ=0.9 k=2"]
+    # relaxed share = relaxed / accepted: th0.8 1 / (5 + 4) = 1/9; th0.9 2/13
+    assert theta_rows["mars θ=0.8 k=2"]["relaxed_share"] == pytest.approx(1 / 9)
+    assert theta_rows["mars θ=0.9 k=2"]["relaxed_share"] == pytest.approx(2 / 13)
+    fid = {row["label"]: row for row in t["fidelity"].rows}
+    assert fid["mars θ=0.8 k=2"]["pct_identical"] == pytest.approx(50.0)       # q1 identical, q0 not
+    assert fid["mars θ=0.8 k=2"]["median_first_divergence"] == 4
+    acc = {row["label"]: row for row in t["acceptance"].rows}
+    assert (acc["mars θ=0.8 k=2"]["d1"], acc["mars θ=0.8 k=2"]["d2"]) == pytest.approx((1.0, 4 / 5))
+    for name, table in t.items():                                     # definitions cited once, in code
+        assert R.TAU_DEFINITION in table.caption, name
+        if name != "acceptance":
+            assert R.SPEEDUP_DEFINITION in table.caption, name
+    rows = list(csv.DictReader(io.StringIO(t["main"].to_csv())))
+    assert float(rows[2]["speedup_mean"]) == pytest.approx(8 / 3)
+    assert "truncated line" in rows[2]["notes"]
+    tex = t["main"].to_latex()
+    assert "\\caption{" in tex and "mars $\\theta$=0.9 k=2" in tex and "toy-pair\\_fp32\\_cpu" in tex
+
+
+def test_r_values_by_hand(runs):
+    v = r_values(runs["mars-k2-th0.9-T0-p1-n8-s0"])
+    # 6 + 4 + 8 = 18 verified positions; q2 has z1 = -0.5 and -1 at two rejected positions
+    assert (v["n_total"], v["n_nonpositive"]) == (18, 2)
+    assert sorted(v["r"]["R"].tolist()) == pytest.approx([0.95, 0.95])        # 1.9 / 2 twice
+    assert len(v["r"]["A"]) == 11 and len(v["r"]["X"]) == 3                    # 5 rejected, 2 left out
+    assert sorted(v["r"]["X"].tolist()) == pytest.approx([0.5, 0.5, 0.5])     # 0.5/1 each
+
+
+def test_cli_writes_tables_and_figures(tmp_path, capsys):
+    assert main([str(FIX), "--out", str(tmp_path / "rep")]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("**Table 1.**") and "| mars θ=0.9 k=2 |" in out
+    assert "mars-k2-th0.8-T0-p1-n8-s0/samples.jsonl:2:" in err and "truncated line" in err
+    for name in ("main", "theta", "fidelity", "acceptance"):
+        for ext in ("md", "csv", "tex"):
+            assert (tmp_path / "rep" / "tables" / f"{name}.{ext}").stat().st_size > 0
+    figs = sorted(p.name.split("__")[0] for p in (tmp_path / "rep" / "figures").glob("*.png"))
+    assert figs == ["acceptance_by_depth", "fidelity_vs_theta", "r_distribution", "speedup_tau",
+                    "theta_sensitivity", "z1_histogram"]
+    assert len(list((tmp_path / "rep" / "figures").glob("*.pdf"))) == 6
+    assert "## Problems" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_default_out_is_root_report(tmp_path, capsys):
+    root = tmp_path / "results"
+    shutil.copytree(FIX / "worker0", root)
+    assert main([str(root), "--no-figures"]) == 0
+    assert (root / "report" / "tables" / "main.md").exists()
+    assert main([str(root)]) == 0                    # the report folder itself is not read as runs
+    assert main([str(tmp_path / "missing")]) == 2
+    capsys.readouterr()
+
+
+def test_summary_only_run(tmp_path):
+    run = tmp_path / "r" / TD / "ar-T0-p1-n8-s0"
+    run.mkdir(parents=True)
+    shutil.copy(FIX / "worker0" / TD / "ar-T0-p1-n8-s0" / "summary.json", run / "summary.json")
+    (r,) = load_runs(tmp_path / "r")
+    assert r.records == [] and r.totals["tokens_per_s"] == pytest.approx(2.2)
+    assert any("no samples.jsonl" in n for n in r.notes)
+
+
+def test_figure_files(tmp_path):
+    paths = make_figures(load_runs(FIX), tmp_path)
+    assert len(paths) == 12 and all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_notebook_executes_on_fixture(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    path = ROOT / "notebooks" / "analysis.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:                                  # stored without outputs
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+    env_before = dict(os.environ)
+    os.environ["MARS_BENCH_RESULTS"] = str(FIX)
+    os.environ["MARS_BENCH_REPORT_OUT"] = str(tmp_path / "nbreport")
+    try:
+        nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/markdown", ""))
+                   for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "mars θ=0.9 k=2" in text and "truncated line" in text
+    assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def test_parse_run_tags():
+    from mars_bench.report.load import parse_tag
+
+    assert parse_tag("mars-k4-th0.9-T0-p1-n32-s0") == {
+        "method": "mars", "k": 4, "theta": 0.9, "flags": (), "temperature": 0.0, "top_p": 1.0,
+        "max_new_tokens": 32, "seed": 0}
+    assert parse_tag("ar-T1-p0.95-n512-s3")["method"] == "ar"
+    t = parse_tag("mars-k4-th1e-05-ratio-margin-T1-p1-n8-s0")
+    assert (t["theta"], t["flags"]) == (1e-05, ("ratio", "margin"))
+    t = parse_tag("sd_tree-d4-w4-t16-T0-p1-n64-s0")        # knobs of methods the report does not know
+    assert (t["method"], t["k"], t["theta"], t["flags"]) == ("sd_tree", None, None, ("d4", "w4", "t16"))
+    assert parse_tag("report") is None and parse_tag("multirun") is None

@@ -1,0 +1,167 @@
+"""Monte Carlo: sampled tree verification commits tokens distributed exactly as p_target.
+
+Toy target and draft are trigram tables over a 3-token vocabulary behind a stand-in adapter that
+honours the 4-D tree mask (a node's context = the last two tokens it may attend to) and ``keep``, run
+through the real loop (``generate_tree``): dynamic and static trees, children by top-k (q = one-hot)
+or drawn without replacement. Each run emits L tokens (several steps: accepted paths, corrections
+and bonus tokens, with cache compaction in between); the empirical joint law of the L tokens is
+compared with the target's exact joint law by a chi-square test (fixed seeds: deterministic). The
+negative controls show the test fails for a lossy rule and for value-dependent pruning of sampled
+children.
+"""
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from mars_bench import rules, sampling, tree as tree_mod
+from mars_bench.decoding import DecodeConfig, Method
+from mars_bench.tree import TreeSpec, generate_tree
+
+V, L, PROMPT = 3, 3, [1, 2]
+gen0 = torch.Generator().manual_seed(0)
+TARGET = torch.randn(V, V, V, generator=gen0) * 1.2
+DRAFT = TARGET + torch.randn(V, V, V, generator=gen0) * 1.0   # deliberately off
+
+
+class TrigramLM:
+    """Stands in for CausalLMAdapter: logits depend on the last two tokens a position attends to."""
+
+    def __init__(self, table):
+        self.table, self.device, self.forward_s, self.toks = table, torch.device("cpu"), 0.0, []
+        self.vocab = self.out_vocab = table.shape[-1]
+
+    @property
+    def cache_len(self):
+        return len(self.toks)
+
+    def reset(self):
+        self.toks = []
+
+    def crop(self, length):
+        del self.toks[length:]
+
+    def keep(self, index):
+        self.toks = [self.toks[i] for i in index.tolist()]
+
+    def forward(self, tokens, attention_mask=None, position_ids=None, logits=True, hidden_states=False):
+        c, n = len(self.toks), len(tokens)
+        everything = self.toks + list(tokens)
+        allowed = (torch.ones(n, c + n).tril(c).bool() if attention_mask is None
+                   else attention_mask[0, 0] == 0)
+        rows = []
+        for i in range(n):
+            ctx = [everything[j] for j in range(c + i + 1) if allowed[i, j]]
+            a, b = ([0, 0] + ctx)[-2:]
+            rows.append(self.table[a, b])
+        self.toks = everything
+        return torch.stack(rows) if logits else None
+
+
+class NoText:
+    def decode(self, ids, **_):
+        return ""
+
+
+def exact_joint(temperature, top_p, table=None):
+    p = sampling.warp(TARGET if table is None else table, temperature, top_p)
+    out = {}
+    for seq in itertools.product(range(V), repeat=L):
+        prob, ctx = 1.0, list(PROMPT)
+        for t in seq:
+            prob *= float(p[ctx[-2], ctx[-1], t])
+            ctx.append(t)
+        out[seq] = prob
+    return out
+
+
+def run(spec, temperature, top_p, n, rule="exact", seed0=0, tables=None):
+    target, draft = (TrigramLM(t) for t in (tables or (TARGET, DRAFT)))
+    cfg = DecodeConfig(max_new_tokens=L, temperature=temperature, top_p=top_p)
+    counts, stats = {}, {"deep": 0, "second_child": 0}
+    for i in range(n):
+        res = generate_tree(target, draft, NoText(), PROMPT, Method("sd_tree", rule=rule), cfg,
+                            seed=seed0 + i, tree=spec)
+        counts[tuple(res.tokens)] = counts.get(tuple(res.tokens), 0) + 1
+        stats["deep"] += res.accepted[0] >= 2
+    return counts, stats
+
+
+def pvalue(counts, n, temperature=1.0, top_p=1.0, table=None):
+    joint = exact_joint(temperature, top_p, table)
+    cells = [s for s in joint if joint[s] > 0]
+    assert set(counts) <= set(cells)                      # nothing outside the support (top-p)
+    total = sum(joint[s] for s in cells)
+    return chisquare([counts.get(s, 0) for s in cells], [joint[s] / total * n for s in cells]).pvalue
+
+
+STATIC = [[0], [1], [0, 0], [0, 1], [1, 0]]
+
+
+@pytest.mark.parametrize("spec,temperature,top_p,n", [
+    (TreeSpec(depth=1, top_k=2, total_tokens=5, children="topk"), 1.0, 1.0, 3000),
+    (TreeSpec(depth=1, top_k=2, total_tokens=4, children="sample"), 1.0, 1.0, 3000),
+    (TreeSpec(static_paths=STATIC, children="topk"), 0.7, 0.9, 2500),
+    (TreeSpec(static_paths=STATIC, children="sample"), 1.0, 1.0, 2500),
+], ids=["dynamic-topk", "dynamic-sample", "static-topk-T0.7-p0.9", "static-sample"])
+def test_sampled_tree_commits_p_target(spec, temperature, top_p, n):
+    counts, stats = run(spec, temperature, top_p, n)
+    assert pvalue(counts, n, temperature, top_p) > 1e-3
+    assert stats["deep"] > n * 0.05                       # depth-2 paths were accepted
+
+
+def test_chi_square_detects_a_lossy_rule():
+    """Negative control: the same test fails for a lossy rule (accept the first child always)."""
+    rules.RULES["_accept_all"] = lambda d, z, *a, **kw: rules.Verdict(torch.ones_like(d, dtype=torch.bool),
+                                                                      torch.zeros_like(d, dtype=torch.bool))
+    try:
+        counts, _ = run(TreeSpec(depth=1, top_k=2, total_tokens=5), 1.0, 1.0, 1500, rule="_accept_all")
+    finally:
+        del rules.RULES["_accept_all"]
+    assert pvalue(counts, 1500) < 1e-6
+
+
+def test_chi_square_detects_draft_q_for_topk_children(monkeypatch):
+    """Negative control: verifying deterministic top-k children against the draft's own q (the MARS
+    authors' variant) instead of a point mass is lossy, and the test sees it."""
+    pick = tree_mod._pick
+
+    def pick_keeping_q(z, k, mode, cfg, gen):
+        toks, scores, _ = pick(z, k, mode, cfg, gen)
+        return toks, scores, sampling.warp(z, cfg.temperature, cfg.top_p)
+
+    monkeypatch.setattr(tree_mod, "_pick", pick_keeping_q)
+    monkeypatch.setattr(tree_mod.DraftTree, "child_q", lambda self, node, i, vocab, device: self.q[node])
+    counts, _ = run(TreeSpec(depth=1, top_k=2, total_tokens=5), 1.0, 1.0, 1500)
+    assert pvalue(counts, 1500) < 1e-6
+
+
+# At the prompt q = (.5, .3, .2) and the target is (.2, .48, .32): after a first child 0 is rejected the
+# residual (0, .6, .4) equals q without 0, so the second child must be 1 or 2 in ratio 3:2. Elsewhere
+# q = (.5, .5, 0), so the competing grandchild always scores log(.5 * .5): scored by its own log q,
+# the second child survives pruning only when it is 1 (log .3 > log .25 > log .2).
+PRUNE_DRAFT = torch.tensor([0.5, 0.5, 0.0]).log().repeat(V, V, 1)
+PRUNE_DRAFT[1, 2] = torch.tensor([0.5, 0.3, 0.2]).log()
+PRUNE_TARGET = TARGET.clone()
+PRUNE_TARGET[1, 2] = torch.tensor([0.2, 0.48, 0.32]).log()
+PRUNE_SPEC = TreeSpec(depth=1, top_k=2, total_tokens=3, children="sample")
+
+
+def test_sampled_children_pruned_by_expected_score_stay_lossless():
+    counts, _ = run(PRUNE_SPEC, 1.0, 1.0, 2500, tables=(PRUNE_TARGET, PRUNE_DRAFT))
+    assert pvalue(counts, 2500, table=PRUNE_TARGET) > 1e-3
+
+
+def test_chi_square_detects_value_dependent_pruning(monkeypatch):
+    """Negative control: scoring sampled children by their own log q (so whether a draw survives
+    pruning depends on its value) biases the kept children away from q_i; the test sees it."""
+    pick = tree_mod._pick
+
+    def pick_own_score(z, k, mode, cfg, gen):
+        toks, _, q = pick(z, k, mode, cfg, gen)
+        return toks, [float(q[t].log()) for t in toks], q
+
+    monkeypatch.setattr(tree_mod, "_pick", pick_own_score)
+    counts, _ = run(PRUNE_SPEC, 1.0, 1.0, 2500, tables=(PRUNE_TARGET, PRUNE_DRAFT))
+    assert pvalue(counts, 2500, table=PRUNE_TARGET) < 1e-6
