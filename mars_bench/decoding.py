@@ -172,8 +172,8 @@ def generate(target: CausalLMAdapter, draft: CausalLMAdapter | None, tokenizer, 
     return res
 
 
-def _expect(model, n_tokens: int) -> None:
-    if hasattr(model, "expect"):        # stand-in adapters in tests may not implement the hint
+def _expect(model, n_tokens: int | None) -> None:
+    if model is not None and hasattr(model, "expect"):        # stand-in adapters in tests may not implement the hint
         model.expect(n_tokens)
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import rules
-from .decoding import DecodeConfig, DecodeResult, Method, Stopper
+from .decoding import DecodeConfig, DecodeResult, Method, Stopper, _expect
 from .tree import DraftTree, TreeSpec, additive_mask, as_drafter, build_tree
 from .tree_verify import TreeVerdict, verify_greedy, verify_sampled
 
@@ -110,11 +110,6 @@ def generate_tree(target, draft, tokenizer, prompt: list[int], method: Method, c
     res.target_s = target.forward_s - t_before[0]
     res.draft_s = drafter.forward_s - t_before[1]
     return res
-
-
-def _expect(model, n_tokens: int) -> None:
-    if hasattr(model, "expect"):        # CPU fast path: pack linears for the usual row count
-        model.expect(n_tokens)
 
 
 def _widest(spec: TreeSpec) -> int:

@@ -131,10 +131,11 @@ def forward_costs(adapter, fast, ctx=200, reps=3, max_n=16):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=10, help="GSM8K + HumanEval prompts (half each)")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--k-sweep", default="2,3,4,5,7", help="k values tried for sd and mars")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--k-sweep", default="3,4,5", help="k values tried for sd and mars")
     ap.add_argument("--sweep-prompts", type=int, default=2, help="prompts used to pick k")
-    ap.add_argument("--tree", default="4,4,16", help="depth,top_k,total_tokens of the tree rows ('' = none)")
+    ap.add_argument("--trees", default="2,2,6;3,3,10;4,4,16",
+                    help="tree shapes depth,top_k,total_tokens tried for sd_tree ('' = no tree rows)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench"))
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
@@ -157,9 +158,16 @@ def main():
     for k in ks:
         sweep_rows[f"sd k={k}"] = ours(pair, Method("sd", k=k), fast, cfg)
         sweep_rows[f"mars k={k}"] = ours(pair, mars(k), fast, cfg)
-    print("k sweep...", file=sys.stderr)
+    shapes = [tuple(int(x) for x in t.split(",")) for t in args.trees.split(";") if t]
+    tree = lambda d, w, t: {"depth": d, "top_k": w, "total_tokens": t, "static_paths": None,  # noqa: E731
+                            "children": "topk"}
+    for d, w, t in shapes:
+        sweep_rows[f"sd_tree d{d} w{w} t{t}"] = ours(pair, Method("sd_tree", rule="exact", tree=tree(d, w, t)), fast, cfg)
+    print("k and tree-shape sweep...", file=sys.stderr)
     sweep = {n: agg(r) for n, r in measure(sweep_rows, items[: args.sweep_prompts], "sweep ").items()}
     best = {m: max(ks, key=lambda k: sweep[f"{m} k={k}"]["tokens_per_s"]) for m in ("sd", "mars")}
+    if shapes:
+        best["tree"] = max(shapes, key=lambda s: sweep["sd_tree d%d w%d t%d" % s]["tokens_per_s"])
 
     rows = {"ar (plain path)": ours(pair, Method("ar"), False, cfg),
             "ar (fast path)": ours(pair, Method("ar"), fast, cfg),
@@ -167,12 +175,11 @@ def main():
             "transformers assisted": hf(pair, cfg, True),
             f"sd k={best['sd']}": ours(pair, Method("sd", k=best["sd"]), fast, cfg),
             f"mars k={best['mars']} theta=0.9": ours(pair, mars(best["mars"]), fast, cfg)}
-    if args.tree:
-        d, w, t = (int(x) for x in args.tree.split(","))
-        tree = {"depth": d, "top_k": w, "total_tokens": t, "static_paths": None, "children": "topk"}
-        rows[f"sd_tree d{d} w{w} t{t}"] = ours(pair, Method("sd_tree", rule="exact", tree=tree), fast, cfg)
+    if shapes:
+        d, w, t = best["tree"]
+        rows[f"sd_tree d{d} w{w} t{t}"] = ours(pair, Method("sd_tree", rule="exact", tree=tree(d, w, t)), fast, cfg)
         rows[f"mars_tree d{d} w{w} t{t} theta=0.9"] = ours(
-            pair, Method("mars_tree", rule="mars", rule_kwargs={"theta": 0.9}, tree=tree), fast, cfg)
+            pair, Method("mars_tree", rule="mars", rule_kwargs={"theta": 0.9}, tree=tree(d, w, t)), fast, cfg)
     print("main comparison...", file=sys.stderr)
     raw = measure(rows, items)
     table = {n: agg(r) for n, r in raw.items()}
@@ -199,7 +206,7 @@ def write(args, table, sweep, costs, best, n_prompts, raw):
         lines.append(f"| {n} | {f(r['tokens_per_s'])} | {f(r['tau'])} | {f(r['vs_ar'])}x | "
                      f"{f(r['vs_hf_generate'])}x | {'-' if share is None else f'{100 * share:.1f}%'} | "
                      f"{r['identical_to_hf_generate']}/{n_prompts} |")
-    lines += ["", f"k sweep ({args.sweep_prompts} prompts; best: sd k={best['sd']}, mars k={best['mars']}):", "",
+    lines += ["", f"k and tree-shape sweep ({args.sweep_prompts} prompts; best: {best}):", "",
               "| row | tokens/s | tau |", "|---|---|---|"]
     lines += [f"| {n} | {f(r['tokens_per_s'])} | {f(r['tau'])} |" for n, r in sweep.items()]
     lines += ["", "Target forward cost of n new tokens after 200 tokens of context, ms (ratio to n=1):", "",

@@ -9,7 +9,11 @@ torch.set_num_threads(1)  # tiny tensors: a second thread only adds wake-up late
 
 
 def data_dir() -> Path:
-    return Path(os.environ.get("MARS_BENCH_DATA_DIR", ROOT.parent / "shared" / "data"))
+    """The benchmark data (MANIFEST.md in ../shared/data); the tests need it, so its absence fails."""
+    d = Path(os.environ.get("MARS_BENCH_DATA_DIR") or ROOT.parent / "shared" / "data")
+    if not d.is_dir():
+        pytest.fail(f"benchmark data not found at {d}; set MARS_BENCH_DATA_DIR")
+    return d
 
 
 PROMPTS = [

@@ -11,14 +11,11 @@ import pytest
 from mars_bench.tasks import Sample, get_task
 from mars_bench.tasks.humaneval import build_program, extract_code, pass_at_k, repair_body
 
+from .conftest import data_dir as _data_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _data_dir() -> Path:
-    d = Path(os.environ.get("MARS_BENCH_DATA_DIR") or ROOT.parent / "shared" / "data")
-    if not d.is_dir():
-        pytest.skip(f"benchmark data not found at {d} (set MARS_BENCH_DATA_DIR)")
-    return d
 
 
 # ---- pass@k ----------------------------------------------------------------------------------------------

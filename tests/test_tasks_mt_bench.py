@@ -10,15 +10,12 @@ import pytest
 from mars_bench.tasks import Sample, get_task
 from mars_bench.tasks.judge import JudgeClient, build_judge_messages, judge_prompt_name, parse_score
 
+from .conftest import data_dir as _data_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 KEY_ENV = "MARS_TEST_JUDGE_KEY"
 
 
-def _data_dir() -> Path:
-    d = Path(os.environ.get("MARS_BENCH_DATA_DIR") or ROOT.parent / "shared" / "data")
-    if not d.is_dir():
-        pytest.skip(f"benchmark data not found at {d} (set MARS_BENCH_DATA_DIR)")
-    return d
 
 
 class Judge:

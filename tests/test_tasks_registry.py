@@ -6,14 +6,11 @@ import pytest
 
 from mars_bench.tasks import TASKS, Sample, build_messages, get_task
 
+from .conftest import data_dir as _data_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _data_dir() -> Path:
-    d = Path(os.environ.get("MARS_BENCH_DATA_DIR") or ROOT.parent / "shared" / "data")
-    if not d.is_dir():
-        pytest.skip(f"benchmark data not found at {d} (set MARS_BENCH_DATA_DIR)")
-    return d
 
 
 def test_registry_names():

@@ -8,14 +8,11 @@ import sacrebleu
 from mars_bench.tasks import get_task
 from mars_bench.tasks.wmt19 import clean_translation, corpus_scores
 
+from .conftest import data_dir as _data_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _data_dir() -> Path:
-    d = Path(os.environ.get("MARS_BENCH_DATA_DIR") or ROOT.parent / "shared" / "data")
-    if not d.is_dir():
-        pytest.skip(f"benchmark data not found at {d} (set MARS_BENCH_DATA_DIR)")
-    return d
 
 
 T = "Zhang Guangjun was appointed Vice Governor of Guangdong Province."

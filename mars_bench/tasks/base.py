@@ -140,6 +140,19 @@ class Task:
         p = self.data_path(data_dir, rel)
         return str(p) if p is not None else f"<{D.ENV_DATA_DIR} unset>/{rel}"
 
+    def jsonl_rows(self, data_dir, rel: str, fields: dict, expected: int, public: str, download) -> list[dict]:
+        """Rows of a JSONL data file (or of its public source when absent), fields and count checked."""
+        path = self.local_file(data_dir, rel)
+        shown = self.display_path(data_dir, rel)
+        if path is not None:
+            rows = D.read_jsonl(path, fields)
+        else:
+            rows = D.from_public(shown, public, download)
+            for i, row in enumerate(rows, 1):
+                D.check_fields(row, fields, shown, i)
+        D.check_count(rows, expected, shown)
+        return rows
+
     def read_rows(self, data_dir) -> list[dict]:
         raise NotImplementedError
 

@@ -70,15 +70,8 @@ class GSM8K(Task):
 
     def read_rows(self, data_dir) -> list[dict]:
         rel = self.data_files[0]
-        path = self.local_file(data_dir, rel)
         shown = self.display_path(data_dir, rel)
-        if path is not None:
-            rows = D.read_jsonl(path, self.FIELDS)
-        else:
-            rows = D.from_public(shown, "Hugging Face openai/gsm8k main/test", _download)
-            for i, row in enumerate(rows, 1):
-                D.check_fields(row, self.FIELDS, shown, i)
-        D.check_count(rows, self.spec["data"]["rows"], shown)
+        rows = self.jsonl_rows(data_dir, rel, self.FIELDS, self.spec["data"]["rows"], "Hugging Face openai/gsm8k main/test", _download)
         for i, row in enumerate(rows, 1):
             if reference_answer(row["answer"]) is None:
                 raise D.DataError(shown, "expected field 'answer' to end with '#### <number>'", i)

@@ -105,15 +105,8 @@ class HumanEval(Task):
 
     def read_rows(self, data_dir) -> list[dict]:
         rel = self.data_files[0]
-        path = self.local_file(data_dir, rel)
         shown = self.display_path(data_dir, rel)
-        if path is not None:
-            rows = D.read_jsonl(path, self.FIELDS)
-        else:
-            rows = D.from_public(shown, "Hugging Face openai/openai_humaneval test", _download)
-            for i, row in enumerate(rows, 1):
-                D.check_fields(row, self.FIELDS, shown, i)
-        D.check_count(rows, self.spec["data"]["rows"], shown)
+        rows = self.jsonl_rows(data_dir, rel, self.FIELDS, self.spec["data"]["rows"], "Hugging Face openai/openai_humaneval test", _download)
         seen = set()
         for i, row in enumerate(rows, 1):
             if row["task_id"] in seen:

@@ -18,17 +18,8 @@ class MTBench(Task):
     R_FIELDS = {"question_id": "int", "choices": "list"}
 
     def _rows(self, data_dir, rel: str, fields: dict, expected: int) -> list[dict]:
-        path = self.local_file(data_dir, rel)
-        shown = self.display_path(data_dir, rel)
-        if path is not None:
-            rows = D.read_jsonl(path, fields)
-        else:
-            rows = D.from_public(shown, f"FastChat GitHub {_RAW}{rel.split('mt_bench/', 1)[-1]}",
-                                 lambda: _download(rel))
-            for i, row in enumerate(rows, 1):
-                D.check_fields(row, fields, shown, i)
-        D.check_count(rows, expected, shown)
-        return rows
+        public = f"FastChat GitHub {_RAW}{rel.split('mt_bench/', 1)[-1]}"
+        return self.jsonl_rows(data_dir, rel, fields, expected, public, lambda: _download(rel))
 
     def read_rows(self, data_dir) -> list[dict]:
         q_rel, r_rel = self.data_files
