@@ -164,11 +164,16 @@ def generate(target: CausalLMAdapter, draft: CausalLMAdapter | None, tokenizer, 
         new.extend(committed)
         seq.extend(committed)
         stop = stopper.cut(new, start)
-    del new[stop[0]:]
+    return finish(res, stop, t0, target, draft if spec else None, t_before)
+
+
+def finish(res: DecodeResult, stop, t0: float, target, draft, t_before) -> DecodeResult:
+    """Cut the output at the stop point; record wall time and time inside each model's forwards."""
+    del res.tokens[stop[0]:]
     res.stop_reason = stop[1]
     res.wall_s = time.perf_counter() - t0
     res.target_s = target.forward_s - t_before[0]
-    res.draft_s = draft.forward_s - t_before[1] if spec else 0.0
+    res.draft_s = draft.forward_s - t_before[1] if draft is not None else 0.0
     return res
 
 

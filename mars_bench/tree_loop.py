@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import rules
-from .decoding import DecodeConfig, DecodeResult, Method, Stopper, _expect
+from .decoding import DecodeConfig, DecodeResult, Method, Stopper, _expect, finish
 from .tree import DraftTree, TreeSpec, additive_mask, as_drafter, build_tree
 from .tree_verify import TreeVerdict, verify_greedy, verify_sampled
 
@@ -104,12 +104,7 @@ def generate_tree(target, draft, tokenizer, prompt: list[int], method: Method, c
         new.extend(committed)
         seq.extend(committed)
         stop = stopper.cut(new, start)
-    del new[stop[0]:]
-    res.stop_reason = stop[1]
-    res.wall_s = time.perf_counter() - t0
-    res.target_s = target.forward_s - t_before[0]
-    res.draft_s = drafter.forward_s - t_before[1]
-    return res
+    return finish(res, stop, t0, target, drafter, t_before)
 
 
 def _widest(spec: TreeSpec) -> int:

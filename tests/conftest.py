@@ -26,6 +26,21 @@ PROMPTS = [
 ]
 
 
+EOS = 258      # the tiny tokenizer's <|im_end|>
+MAX_NEW = 24   # new tokens per prompt in the losslessness tests
+
+
+@pytest.fixture(scope="session")
+def hf_reference(tiny, prompt_ids):
+    """The target's own transformers ``generate(do_sample=False)`` continuation of every prompt."""
+    out = []
+    for ids in prompt_ids:
+        g = tiny[0].model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
+                                   eos_token_id=EOS, pad_token_id=256)
+        out.append(g[0, len(ids):].tolist())
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny():
     from mars_bench.models.adapter import CausalLMAdapter

@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from mars_bench import config as C
 from mars_bench import run as R
 from mars_bench.models.pairs import TokenizerMismatch, check_tokenizers
+from mars_bench.rules import top2
 
 from .conftest import ROOT, data_dir
 
@@ -127,14 +128,12 @@ def test_end_to_end_audit_and_theta_monotonicity(tmp_path):
     for line in (run_dir / "samples.jsonl").read_text().splitlines():
         rec = json.loads(line)
         for turn in rec["turns"]:
-            from mars_bench.tasks import build_messages, get_task  # noqa: F401
-
             prompt = pair.tokenizer.apply_chat_template(
                 [{"role": "user", "content": _prompt_text(rec["id"])}], add_generation_prompt=True,
                 return_dict=False)
             for r in turn["relaxed"]:
                 z = _fresh_logits(pair.target.model, prompt + turn["output_ids"][: r["pos"]])
-                z1, z2, t1, t2 = (x.item() for x in __import__("mars_bench.rules", fromlist=["top2"]).top2(z))
+                z1, z2, t1, t2 = (x.item() for x in top2(z))
                 assert r["draft"] == t2 == r["top2"] and t1 == r["top1"] and r["draft"] != t1
                 assert z1 > 0 and z2 / z1 > 0.8
                 assert abs(z1 - r["z1"]) < 1e-3 and abs(z2 - r["z2"]) < 1e-3

@@ -5,19 +5,8 @@ import torch
 from mars_bench import rules
 from mars_bench.decoding import DecodeConfig, Method, generate, speculative_step
 
-EOS = 258
-MAX_NEW = 24
+from .conftest import EOS, MAX_NEW
 
-
-@pytest.fixture(scope="module")
-def hf_reference(tiny, prompt_ids):
-    target = tiny[0].model
-    out = []
-    for ids in prompt_ids:
-        g = target.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
-                            eos_token_id=EOS, pad_token_id=256)
-        out.append(g[0, len(ids):].tolist())
-    return out
 
 
 def test_reference_is_nontrivial(hf_reference):

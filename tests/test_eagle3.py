@@ -14,8 +14,7 @@ from mars_bench.eagle3 import (Eagle3Drafter, Eagle3Head, Eagle3LoadError, featu
 from mars_bench.tree import TreeSpec, generate_tree
 from mars_bench.tree_loop import tree_step
 
-EOS = 258
-MAX_NEW = 24
+from .conftest import EOS, MAX_NEW
 H = 64
 
 
@@ -53,15 +52,6 @@ def write(path, config: dict, sd: dict, fmt: str = "safetensors"):
         torch.save(sd, path / "pytorch_model.bin")
     return path
 
-
-@pytest.fixture(scope="module")
-def hf_reference(tiny, prompt_ids):
-    out = []
-    for ids in prompt_ids:
-        g = tiny[0].model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
-                                   eos_token_id=EOS, pad_token_id=256)
-        out.append(g[0, len(ids):].tolist())
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """HumanEval: code extraction, program assembly, pass@k, and the canonical solutions through the sandbox."""
 import itertools
 import math
-import os
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path

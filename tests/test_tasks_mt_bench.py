@@ -1,6 +1,5 @@
 """MT-Bench: judge prompts, request building and score parsing against a local OpenAI-compatible test server."""
 import json
-import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path

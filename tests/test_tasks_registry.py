@@ -1,5 +1,4 @@
 """Registry, configuration, loading (subsets, limits, sha256) and chat-message building of mars_bench.tasks."""
-import os
 from pathlib import Path
 
 import pytest

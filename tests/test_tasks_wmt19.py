@@ -1,5 +1,4 @@
 """WMT19 zh-en: translation clean-up and corpus BLEU/chrF exactly as sacrebleu computes them."""
-import os
 from pathlib import Path
 
 import pytest

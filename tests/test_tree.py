@@ -9,8 +9,7 @@ from mars_bench.models.adapter import CausalLMAdapter
 from mars_bench.tree import DraftTree, LMDrafter, TreeSpec, _Pool, additive_mask, generate_tree
 from mars_bench.tree_loop import per_depth_acceptance, tree_step
 
-EOS = 258
-MAX_NEW = 24
+from .conftest import EOS, MAX_NEW
 STATIC = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [2, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 0, 0, 0]]
 SPECS = {"dynamic": TreeSpec(depth=3, top_k=3, total_tokens=12),
          "dynamic-wide": TreeSpec(depth=1, top_k=6, total_tokens=20),
@@ -18,15 +17,6 @@ SPECS = {"dynamic": TreeSpec(depth=3, top_k=3, total_tokens=12),
          "static": TreeSpec(static_paths=STATIC)}
 MARS1 = {"theta": 1.0, "nonpositive_top1": "strict"}
 
-
-@pytest.fixture(scope="module")
-def hf_reference(tiny, prompt_ids):
-    out = []
-    for ids in prompt_ids:
-        g = tiny[0].model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
-                                   eos_token_id=EOS, pad_token_id=256)
-        out.append(g[0, len(ids):].tolist())
-    return out
 
 
 @pytest.fixture

@@ -69,41 +69,46 @@ def load_tokenizers(mcfg):
 
 
 def load_pair(mcfg, need_draft: bool = True) -> Pair:
-    key = repr(sorted(dict(mcfg).items())) + f"|draft={need_draft}"
-    if key in _LOADED:
-        return _LOADED[key]
-    device = resolve_device(mcfg.device)
-    dtype = resolve_dtype(mcfg.dtype)
-    if mcfg.source == "tiny":
-        from .tiny import tiny_pair
+    """The (target, draft, tokenizer) of a model config; loaded once per process and reused."""
+    key = repr(sorted(dict(mcfg).items()))
+    device, dtype = resolve_device(mcfg.device), resolve_dtype(mcfg.dtype)
+    pair = _LOADED.get(key)
+    if pair is None:
+        if mcfg.source == "tiny":
+            from .tiny import tiny_pair
 
-        target, draft, tok = tiny_pair(seed=mcfg.seed, noise=mcfg.noise, dtype=dtype)
-        t_path = d_path = "tiny"
-    else:
-        from transformers import AutoModelForCausalLM
+            target, _, tok = tiny_pair(seed=mcfg.seed, noise=mcfg.noise, dtype=dtype)
+            t_path = d_path = "tiny"
+        else:
+            from transformers import AutoModelForCausalLM
 
-        tok, t_path, d_path = load_tokenizers(mcfg)
-        kw = {"dtype": dtype}
-        if mcfg.device_map:
-            kw["device_map"] = mcfg.device_map
-        log.info("loading target %s", t_path)
-        target = AutoModelForCausalLM.from_pretrained(t_path, **kw)
-        draft = None
-        if need_draft and d_path:
-            log.info("loading draft %s", d_path)
-            draft = AutoModelForCausalLM.from_pretrained(d_path, dtype=dtype)
-    if not mcfg.device_map:
-        target = target.to(device)
-    draft = draft.to(device) if (need_draft and draft is not None) else None
+            tok, t_path, d_path = load_tokenizers(mcfg)
+            kw = {"dtype": dtype, **({"device_map": mcfg.device_map} if mcfg.device_map else {})}
+            log.info("loading target %s", t_path)
+            target = AutoModelForCausalLM.from_pretrained(t_path, **kw)
+        target = _prepare(target if mcfg.device_map else target.to(device), mcfg, device)
+        pair = _LOADED[key] = Pair(CausalLMAdapter(target, name=t_path), None, tok, t_path, d_path or "")
+    if need_draft and pair.draft is None and pair.draft_path:   # e.g. an ar job ran first
+        if mcfg.source == "tiny":
+            from .tiny import tiny_pair
+
+            draft = tiny_pair(seed=mcfg.seed, noise=mcfg.noise, dtype=dtype)[1]
+        else:
+            from transformers import AutoModelForCausalLM
+
+            log.info("loading draft %s", pair.draft_path)
+            draft = AutoModelForCausalLM.from_pretrained(pair.draft_path, dtype=dtype)
+        pair.draft = CausalLMAdapter(_prepare(draft.to(device), mcfg, device), out_vocab=pair.target.vocab,
+                                     name=pair.draft_path)
+    return pair
+
+
+def _prepare(model, mcfg, device: torch.device):
     if _fast_path_on(mcfg, device):
         from .fastpath import enable_fast_path
 
-        target, draft = enable_fast_path(target), (enable_fast_path(draft) if draft is not None else None)
-    t = CausalLMAdapter(target, name=t_path)
-    d = CausalLMAdapter(draft, out_vocab=t.vocab, name=d_path) if draft is not None else None
-    pair = Pair(t, d, tok, t_path, d_path or "")
-    _LOADED[key] = pair
-    return pair
+        return enable_fast_path(model)
+    return model
 
 
 def _fast_path_on(mcfg, device: torch.device) -> bool:
