@@ -223,7 +223,8 @@ def write(args, table, sweep, costs, best, n_prompts, raw):
             w.writerow([n, r["tokens_per_s"], r["tau"], r["vs_ar"], r["vs_hf_generate"],
                         r["outside_forward_share"], r["identical_to_hf_generate"]])
     (out / "bench.json").write_text(json.dumps({"table": table, "sweep": sweep, "forward_ms": costs,
-                                                "best_k": best, "args": vars(args)}, indent=2))
+                                                "best_k": best, "args": {**vars(args), "out": os.path.relpath(out, ROOT)}},
+                                               indent=2))
     plot(out, table)
     print(md)
 
