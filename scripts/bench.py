@@ -54,11 +54,8 @@ def prompts(tok, n, data_dir):
 
 def set_path(pair, fast: bool):
     for a in (pair.target, pair.draft):
-        a.packing = fast
+        a.packing = fast   # packing=False makes expect() unpack: the plain path
         a.expect(1)
-        if not fast:
-            fastpath.set_rows(a.model, None)
-            a.rows = None
 
 
 def ours(pair, method, fast, cfg):
@@ -112,11 +109,7 @@ def forward_costs(adapter, fast, ctx=200, reps=3, max_n=16):
     out = {}
     for n in range(1, max_n + 1):
         adapter.packing = fast
-        if fast:
-            adapter.expect(n)
-        else:
-            fastpath.set_rows(adapter.model, None)
-            adapter.rows = None
+        adapter.expect(n)
         best = float("inf")
         for _ in range(reps):
             adapter.reset()

@@ -48,3 +48,14 @@ def test_fast_path_greedy_outputs_equal_plain_path(prompt_ids):
             b = generate(fast_t, fast_d, tok, ids, method, cfg).tokens
             assert a == b, (method, ids)
     assert any(m.packed is not None for m in fast_t.model.modules() if isinstance(m, fastpath.PackedLinear))
+
+
+def test_adapter_packing_off_gives_the_plain_path():
+    t, _, _ = tiny_pair()
+    a = CausalLMAdapter(fastpath.enable_fast_path(t))
+    packed = lambda: [m.packed is not None for m in a.model.modules() if isinstance(m, fastpath.PackedLinear)]  # noqa: E731
+    a.expect(5)
+    assert all(packed())
+    a.packing = False
+    a.expect(5)
+    assert not any(packed()) and a.rows is None

@@ -55,9 +55,7 @@ def test_fast_path_equals_plain_path_and_hf_generate(pair, prompts):
         outs = {}
         for fast in (False, True):
             for a in (pair.target, pair.draft):
-                a.packing = fast
-                a.rows = None
-                fastpath.set_rows(a.model, None)
+                a.packing = fast   # generate() then packs (fast) or unpacks (plain) through expect()
             outs[fast] = [generate(pair.target, pair.draft, pair.tokenizer, ids, m, cfg).tokens
                           for m in (Method("ar"), Method("sd", k=4))]
         with torch.inference_mode():
