@@ -17,6 +17,7 @@ SOURCES = ("tiny", "embedded", "hf")
 MARS_METHODS = ("mars", "mars_tree", "eagle3_mars")
 DRAFT_METHODS = ("sd", "mars", "sd_tree", "mars_tree")     # need a separate draft model
 DEVICES = ("cpu", "cuda", "auto")
+DRAFT_QUANT = ("none", "int8")
 
 
 class ConfigError(ValueError):
@@ -34,6 +35,7 @@ class ModelConfig:
     device_map: Optional[str] = None  # e.g. "auto" to shard a large target over several GPUs
     cache_dir: Optional[str] = None   # embedded: converted-model cache (null: $MARS_BENCH_CACHE or ~/.cache/mars-bench)
     fast_path: str = "auto"         # CPU fast path: auto (on for cpu) | on | off
+    draft_quant: str = "none"       # none | int8: draft linears as fbgemm dynamic int8 (CPU; the target is never quantized)
     eagle3: Optional[str] = None    # EAGLE-3 head (Hub id or local dir) for method=eagle3 / eagle3_mars
     seed: int = 0                   # tiny: weight seed
     noise: float = 0.05             # tiny: draft = target weights + noise * std
@@ -151,6 +153,10 @@ def validate(cfg: Any) -> None:
     _one_of("model.device", cfg.model.device, DEVICES)
     _one_of("model.dtype", cfg.model.dtype, ("fp32", "bf16", "fp16"))
     _one_of("model.fast_path", cfg.model.fast_path, ("auto", "on", "off"))
+    _one_of("model.draft_quant", cfg.model.draft_quant, DRAFT_QUANT)
+    if cfg.model.draft_quant != "none" and cfg.model.device == "cuda":
+        raise ConfigError(f"model.draft_quant={cfg.model.draft_quant!r} runs on CPU only; allowed with "
+                          "model.device=cuda: none")
     if m.name in DRAFT_METHODS and cfg.model.source != "tiny" and not cfg.model.draft:
         raise ConfigError(f"method.name={m.name!r} needs model.draft; this model config has none")
     for name in ("max_new_tokens", "limit"):

@@ -46,9 +46,12 @@ def _cfg(pair, n=24):
 def test_pair_shares_the_tokenizer(pair):
     assert pair.target.vocab == pair.draft.vocab == 151936
     assert len(pair.tokenizer) == 151936   # the GGUF tokenizer lists the padding ids too
+    assert isinstance(pair.draft.model.lm_head, fastpath.Int8Linear)   # the embedded config's int8 draft
+    assert not any(isinstance(m, fastpath.Int8Linear) for m in pair.target.model.modules())
 
 
 def test_fast_path_equals_plain_path_and_hf_generate(pair, prompts):
+    """ar on both paths and sd (with the int8 draft) all equal the fp32 target's own greedy decoding."""
     assert fastpath.available() and any(isinstance(m, fastpath.PackedLinear) for m in pair.target.model.modules())
     cfg = _cfg(pair)
     for ids in prompts:

@@ -36,7 +36,7 @@ class CausalLMAdapter:
         self.model = model.eval()
         self.name = name
         self.device = next(model.parameters()).device
-        self.vocab = model.get_output_embeddings().weight.shape[0]
+        self.vocab = model.get_output_embeddings().out_features
         self.out_vocab = out_vocab or self.vocab
         self._cache_cls = DynamicCache
         params = inspect.signature(model.forward).parameters

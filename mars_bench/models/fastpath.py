@@ -9,6 +9,13 @@ on this CPU) packs once per M: an 8960x1536 matrix measured here at M=1 plain 1.
 announces that M (``CausalLMAdapter.expect``): k + 1 for a verifying target, 1 for a draft or ``ar``.
 Any other M (prefill, a shortened last step) takes the plain path on the original weights, which
 stay as loaded (memory-mapped), so outputs of the two paths agree up to float rounding.
+
+Draft quantization (``model.draft_quant=int8``, the embedded default): a draft only proposes, the
+target decides, so a cheaper draft leaves lossless methods lossless and changes only acceptance.
+``Int8Linear`` stores per-output-channel int8 weights and runs fbgemm's dynamic int8 GEMM (activations
+quantized per call). Measured here on the 0.5B draft: a 1-token forward 87 -> 38 ms; draft argmax
+agreeing with the target's on 1,145 teacher-forced GSM8K/HumanEval tokens: fp32 82.1%, int8 80.1%
+(75.1% with 7-bit activations, which fbgemm needs on CPUs without VNNI, see ``_full_range``).
 """
 from __future__ import annotations
 
@@ -61,6 +68,56 @@ def enable_fast_path(model: nn.Module) -> nn.Module:
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
                 setattr(parent, name, PackedLinear(child))
+    return model
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with per-channel int8 weights, run by fbgemm's dynamic int8 GEMM (CPU only)."""
+
+    def __init__(self, linear: nn.Linear, full_range: bool):
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = (w.abs().amax(1) / 127.0).clamp_min(1e-12).double()
+        zero = torch.zeros(w.shape[0], dtype=torch.long)
+        q = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.packed = torch.ops.quantized.linear_prepack(q, bias)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.reduce_range = not full_range
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).float().contiguous()
+        y = torch.ops.quantized.linear_dynamic(flat, self.packed, self.reduce_range)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def int8_available() -> bool:
+    return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic")
+
+
+def _full_range() -> bool:
+    """8-bit activations are exact in fbgemm only with VNNI (int32 dot products, no int16 saturation)."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return " avx512_vnni" in flags or " avx_vnni" in flags
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """Swap every ``nn.Linear`` (LM head included) for an ``Int8Linear``; embeddings stay as loaded."""
+    import warnings
+
+    if not int8_available():
+        raise RuntimeError("model.draft_quant=int8 needs torch's fbgemm engine (x86 CPU); allowed here: none")
+    torch.backends.quantized.engine = "fbgemm"
+    full = _full_range()
+    with warnings.catch_warnings():   # torch marks its quantized-tensor constructors deprecated; the ops are current
+        warnings.simplefilter("ignore")
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear:
+                    setattr(parent, name, Int8Linear(child, full))
     return model
 
 

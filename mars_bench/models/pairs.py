@@ -98,7 +98,14 @@ def load_pair(mcfg, need_draft: bool = True) -> Pair:
 
             log.info("loading draft %s", pair.draft_path)
             draft = AutoModelForCausalLM.from_pretrained(pair.draft_path, dtype=dtype)
-        pair.draft = CausalLMAdapter(_prepare(draft.to(device), mcfg, device), out_vocab=pair.target.vocab,
+        draft = draft.to(device)
+        if mcfg.draft_quant == "int8":
+            if device.type != "cpu":
+                raise ValueError(f"model.draft_quant='int8' runs on CPU only, not on {device}; allowed there: none")
+            from .fastpath import quantize_int8
+
+            draft = quantize_int8(draft)   # a cheaper proposer; the target decides, so sd stays lossless
+        pair.draft = CausalLMAdapter(_prepare(draft, mcfg, device), out_vocab=pair.target.vocab,
                                      name=pair.draft_path)
     return pair
 

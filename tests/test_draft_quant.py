@@ -1,0 +1,60 @@
+"""model.draft_quant=int8: a cheaper draft that leaves lossless methods lossless."""
+import pytest
+import torch
+
+from mars_bench.decoding import DecodeConfig, Method, generate
+from mars_bench.models import fastpath
+from mars_bench.models.adapter import CausalLMAdapter
+from mars_bench.models.tiny import tiny_pair
+
+from .conftest import EOS, MAX_NEW
+
+
+def test_int8_linear_is_close_to_the_float_layer():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 3000)
+    q = fastpath.Int8Linear(lin, full_range=fastpath._full_range())
+    x = torch.randn(2, 5, 256)
+    y, ref = q(x), lin(x)
+    assert y.shape == ref.shape and q.out_features == 3000
+    rel = (y - ref).norm() / ref.norm()
+    assert 1e-6 < rel < 0.02, rel   # quantized (not bit-equal), yet close
+
+
+def test_quantized_draft_keeps_sd_lossless(prompt_ids, hf_reference):
+    target, draft, tok = tiny_pair()
+    t = CausalLMAdapter(target)
+    d = CausalLMAdapter(fastpath.quantize_int8(draft), out_vocab=t.vocab)
+    assert not any(type(m) is torch.nn.Linear for m in d.model.modules())
+    assert isinstance(d.model.lm_head, fastpath.Int8Linear)
+    _, fp32_draft, _ = tiny_pair()
+    ids = prompt_ids[0]
+    with torch.no_grad():
+        z8 = d.model(torch.tensor([ids])).logits
+        z32 = fp32_draft(torch.tensor([ids])).logits
+    assert not torch.equal(z8, z32)   # the draft really changed
+    cfg = DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,))
+    for k in (2, 5):
+        for ids, ref in zip(prompt_ids, hf_reference):
+            assert generate(t, d, tok, ids, Method("sd", k=k), cfg).tokens == ref
+
+
+def test_draft_quant_config_and_results_path(tmp_path):
+    from omegaconf import OmegaConf
+
+    from mars_bench import config as C
+    from mars_bench.run import run_tag
+
+    cfg = OmegaConf.structured(C.Config)
+    cfg.model.draft_quant = "int4"
+    with pytest.raises(C.ConfigError, match=r"model.draft_quant='int4'; allowed: none, int8"):
+        C.validate(cfg)
+    cfg.model.draft_quant, cfg.model.device = "int8", "cuda"
+    with pytest.raises(C.ConfigError, match="CPU only"):
+        C.validate(cfg)
+    cfg.model.device = "cpu"
+    C.validate(cfg)
+    cfg.method.name, cfg.method.rule = "sd", "exact"
+    assert run_tag(cfg, 16).endswith("-draftint8-T0-p1-n16-s0")
+    cfg.method.name = "ar"
+    assert "draft" not in run_tag(cfg, 16)   # ar has no draft: its baseline is shared
