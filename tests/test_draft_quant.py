@@ -58,3 +58,26 @@ def test_draft_quant_config_and_results_path(tmp_path):
     assert run_tag(cfg, 16).endswith("-draftint8-T0-p1-n16-s0")
     cfg.method.name = "ar"
     assert "draft" not in run_tag(cfg, 16)   # ar has no draft: its baseline is shared
+
+
+def test_sampling_with_an_int8_draft_still_follows_p_target():
+    """Monte Carlo (as tests/test_sampling_mc.py): the rejection test uses the q_draft the int8 draft
+    really sampled from, so committed tokens stay distributed as p_target."""
+    from scipy.stats import chisquare
+
+    from .test_sampling_mc import DRAFT, TARGET, V, BigramLM, NoText, exact_joint
+
+    lin = torch.nn.Linear(V, V, bias=False)
+    lin.weight.data = DRAFT.t().contiguous()
+    q = fastpath.Int8Linear(lin, full_range=fastpath._full_range())
+    table = q(torch.eye(V))                          # the int8 draft's logits after each token
+    assert not torch.equal(table, DRAFT) and torch.allclose(table, DRAFT, atol=0.05)
+    target, draft = BigramLM(TARGET), BigramLM(table)
+    cfg, n, k = DecodeConfig(max_new_tokens=3, temperature=1.0), 6000, 2
+    counts = {}
+    for i in range(n):
+        res = generate(target, draft, NoText(), [0], Method("sd", k=k, rule="exact"), cfg, seed=i)
+        counts[tuple(res.tokens)] = counts.get(tuple(res.tokens), 0) + 1
+    joint = exact_joint(k + 1, 1.0, 1.0)
+    stat = chisquare([counts.get(s, 0) for s in joint], [joint[s] / sum(joint.values()) * n for s in joint])
+    assert stat.pvalue > 1e-3, stat
