@@ -172,6 +172,11 @@ def validate(cfg: Any) -> None:
     _one_of("logger.name", cfg.logger.name, ("none", "wandb"))
 
 
+def draft_quant_of(cfg: Any) -> Optional[str]:
+    """The draft's quantization for methods with a separate draft model; None for the others."""
+    return cfg.model.draft_quant if cfg.method.name in DRAFT_METHODS else None
+
+
 def tree_knobs(m: Any) -> dict:
     paths = None if m.static_paths is None else [list(p) for p in m.static_paths]
     return {"depth": m.depth, "top_k": m.top_k, "total_tokens": m.total_tokens,

@@ -185,9 +185,15 @@ def _expect(model, n_tokens: int | None) -> None:
 def _audit(res: DecodeResult, v: rules.ChainVerdict, k: int, start: int, committed) -> None:
     res.proposed.append(k)
     res.accepted.append(v.n_accepted)
+    record_verdict(res, v, start, committed, v.n_accepted < k)
+
+
+def record_verdict(res: DecodeResult, v, start: int, committed, rejected_end: bool) -> None:
+    """Per verified draft of the committed path (chain or tree): z1, z2, outcome (A exact, R relaxed,
+    X when the path ended in a rejection) and one entry per relaxed acceptance."""
     res.z1.extend(v.z1)
     res.z2.extend(v.z2)
-    res.outcome += "".join("R" if r else "A" for r in v.relaxed) + ("X" if v.n_accepted < k else "")
+    res.outcome += "".join("R" if r else "A" for r in v.relaxed) + ("X" if rejected_end else "")
     for i, r in enumerate(v.relaxed):
         if r:
             res.relaxed.append({"pos": start + i, "depth": i + 1, "draft": committed[i],

@@ -39,7 +39,7 @@ def run_tag(cfg, max_new: int) -> str:
     if m.name in C.MARS_METHODS:
         tag += f"-th{_fmt(m.theta)}" + ("-ratio" if m.nonpositive_top1 == "ratio" else "")
         tag += "-margin" if (m.sampled_top1 == "margin" and cfg.temperature > 0) else ""
-    if m.name in C.DRAFT_METHODS and cfg.model.draft_quant != "none":
+    if C.draft_quant_of(cfg) not in (None, "none"):
         tag += f"-draft{cfg.model.draft_quant}"
     return tag + f"-T{_fmt(cfg.temperature)}-p{_fmt(cfg.top_p)}-n{max_new}-s{cfg.seed}"
 
@@ -149,7 +149,7 @@ def _sample_record(cfg, task, sample, index, turns, score) -> dict:
     n_rel = sum(len(t["relaxed"]) for t in turns)
     return {"id": sample.id, "index": index, "task": task.name, "task_version": task.version,
             "model": cfg.model.name, "method": cfg.method.name, "k": cfg.method.k,
-            "draft_quant": cfg.model.draft_quant if cfg.method.name in C.DRAFT_METHODS else None,
+            "draft_quant": C.draft_quant_of(cfg),
             "theta": cfg.method.theta if cfg.method.name in C.MARS_METHODS else None,
             "temperature": cfg.temperature, "seed": cfg.seed,
             "new_tokens": s("new_tokens"), "steps": s("steps"),

@@ -7,7 +7,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from . import records as R
-from .config import DRAFT_METHODS, MARS_METHODS
+from .config import MARS_METHODS, draft_quant_of
 
 
 def fidelity_vs_ar(recs: list[dict], ar_recs: list[dict]) -> dict | None:
@@ -40,7 +40,7 @@ def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | No
         "run_dir": str(run_dir), "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": cfg.model.name, "task": task.name, "task_version": task.version,
         "method": cfg.method.name, "k": cfg.method.k,
-        "draft_quant": cfg.model.draft_quant if cfg.method.name in DRAFT_METHODS else None,
+        "draft_quant": draft_quant_of(cfg),
         "theta": cfg.method.theta if cfg.method.name in MARS_METHODS else None,
         "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
         "config": OmegaConf.to_container(cfg, resolve=True),

@@ -25,12 +25,9 @@ from dataclasses import dataclass, field
 import torch
 
 from . import rules
-from .decoding import DecodeConfig, DecodeResult, Method, Stopper, _expect, finish
+from .decoding import TREE_METHODS, DecodeConfig, DecodeResult, Method, Stopper, _expect, finish, record_verdict
 from .tree import DraftTree, TreeSpec, additive_mask, as_drafter, build_tree
 from .tree_verify import TreeVerdict, verify_greedy, verify_sampled
-
-TREE_METHODS = ("sd_tree", "mars_tree", "eagle3", "eagle3_mars")
-
 
 @dataclass
 class TreeDecodeResult(DecodeResult):
@@ -117,13 +114,7 @@ def _audit(res: TreeDecodeResult, tree: DraftTree, v: TreeVerdict, start: int, c
     res.proposed.append(tree.size)
     res.accepted.append(len(v.path))
     res.depth_proposed.append(tree.max_depth)
-    res.z1.extend(v.z1)
-    res.z2.extend(v.z2)
-    res.outcome += "".join("R" if r else "A" for r in v.relaxed) + ("X" if v.rejected_end else "")
-    for i, r in enumerate(v.relaxed):
-        if r:
-            res.relaxed.append({"pos": start + i, "depth": i + 1, "draft": committed[i],
-                                "top1": v.top1[i], "top2": v.top2[i], "z1": v.z1[i], "z2": v.z2[i]})
+    record_verdict(res, v, start, committed, v.rejected_end)
 
 
 __all__ = ["TREE_METHODS", "TreeDecodeResult", "generate_tree", "per_depth_acceptance", "tree_step"]

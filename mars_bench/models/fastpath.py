@@ -110,6 +110,9 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 
     if not int8_available():
         raise RuntimeError("model.draft_quant=int8 needs torch's fbgemm engine (x86 CPU); allowed here: none")
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        raise ValueError(f"model.draft_quant='int8' runs on CPU only, not on {device}; allowed there: none")
     torch.backends.quantized.engine = "fbgemm"
     full = _full_range()
     with warnings.catch_warnings():   # torch marks its quantized-tensor constructors deprecated; the ops are current
