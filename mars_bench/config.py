@@ -34,7 +34,7 @@ class ModelConfig:
     device: str = "auto"            # cpu | cuda | auto (cuda when available)
     device_map: Optional[str] = None  # e.g. "auto" to shard a large target over several GPUs
     cache_dir: Optional[str] = None   # embedded: converted-model cache (null: $MARS_BENCH_CACHE or ~/.cache/mars-bench)
-    fast_path: str = "auto"         # CPU fast path: auto (on for cpu) | on | off
+    fast_path: str = "auto"         # CPU fast path: auto (on for cpu) | on (best kernel: AVX-512 panel, else MKL) | mkl | off
     draft_quant: str = "none"       # none | int8: draft linears as fbgemm dynamic int8 (CPU; the target is never quantized)
     eagle3: Optional[str] = None    # EAGLE-3 head (Hub id or local dir) for method=eagle3 / eagle3_mars
     seed: int = 0                   # tiny: weight seed
@@ -152,7 +152,7 @@ def validate(cfg: Any) -> None:
     _one_of("model.source", cfg.model.source, SOURCES)
     _one_of("model.device", cfg.model.device, DEVICES)
     _one_of("model.dtype", cfg.model.dtype, ("fp32", "bf16", "fp16"))
-    _one_of("model.fast_path", cfg.model.fast_path, ("auto", "on", "off"))
+    _one_of("model.fast_path", cfg.model.fast_path, ("auto", "on", "mkl", "off"))
     _one_of("model.draft_quant", cfg.model.draft_quant, DRAFT_QUANT)
     if cfg.model.draft_quant != "none" and cfg.model.device == "cuda":
         raise ConfigError(f"model.draft_quant={cfg.model.draft_quant!r} runs on CPU only; allowed with "

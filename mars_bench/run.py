@@ -50,7 +50,7 @@ def ar_tag(cfg, max_new: int) -> str:
 
 def model_dir(cfg) -> str:
     m = cfg.model
-    return f"{m.name}_{m.dtype}_{m.device}" + ("_nofast" if m.fast_path == "off" else "")
+    return f"{m.name}_{m.dtype}_{m.device}" + {"off": "_nofast", "mkl": "_mklfast"}.get(m.fast_path, "")
 
 
 def prepare(cfg):
@@ -91,6 +91,7 @@ def run(cfg: DictConfig) -> dict:
 
 def _decode(cfg, task, method, max_new, run_dir, todo, writer, logger, label) -> None:
     """Decode the samples not done yet; one record per sample, written as soon as it finishes."""
+    from .models import fastpath
     from .models.pairs import load_pair
     from .tasks import build_messages
 
@@ -101,6 +102,7 @@ def _decode(cfg, task, method, max_new, run_dir, todo, writer, logger, label) ->
 
         draft = load_eagle3_drafter(cfg.model.eagle3, pair.target)
     tok = pair.tokenizer
+    kernel = fastpath.kind(pair.target.model)   # recorded: which linear kernel the target ran on
     eos = {tok.eos_token_id} | set(_as_list(getattr(pair.target.model.generation_config, "eos_token_id", None)))
     dcfg = C.decode_config(cfg, max_new, sorted(i for i in eos if i is not None), task.stop_strings)
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
@@ -114,7 +116,7 @@ def _decode(cfg, task, method, max_new, run_dir, todo, writer, logger, label) ->
                                seed=cfg.seed * 1_000_003 + i + 100_003 * t)
                 outputs.append(tok.decode(res.tokens, skip_special_tokens=True))
                 turns.append(_turn_record(res, ids, outputs[-1]))
-            record = _sample_record(cfg, task, sample, i, turns, task.score(sample, outputs))
+            record = _sample_record(cfg, task, sample, i, turns, task.score(sample, outputs), kernel)
             writer.write(record)
             logger.log_sample(record)
     finally:
@@ -143,13 +145,13 @@ def _turn_record(res, prompt_ids, text) -> dict:
             "depth_proposed": getattr(res, "depth_proposed", None)}
 
 
-def _sample_record(cfg, task, sample, index, turns, score) -> dict:
+def _sample_record(cfg, task, sample, index, turns, score, fast_kernel: str) -> dict:
     s = lambda key: sum(t[key] for t in turns)  # noqa: E731
     n_acc = sum(sum(t["accepted"]) for t in turns)
     n_rel = sum(len(t["relaxed"]) for t in turns)
     return {"id": sample.id, "index": index, "task": task.name, "task_version": task.version,
             "model": cfg.model.name, "method": cfg.method.name, "k": cfg.method.k,
-            "draft_quant": C.draft_quant_of(cfg),
+            "draft_quant": C.draft_quant_of(cfg), "fast_kernel": fast_kernel,
             "theta": cfg.method.theta if cfg.method.name in C.MARS_METHODS else None,
             "temperature": cfg.temperature, "seed": cfg.seed,
             "new_tokens": s("new_tokens"), "steps": s("steps"),

@@ -41,6 +41,7 @@ def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | No
         "model": cfg.model.name, "task": task.name, "task_version": task.version,
         "method": cfg.method.name, "k": cfg.method.k,
         "draft_quant": draft_quant_of(cfg),
+        "fast_kernel": sorted({r.get("fast_kernel", "unrecorded") for _, r in ordered}),   # one, unless resumed elsewhere
         "theta": cfg.method.theta if cfg.method.name in MARS_METHODS else None,
         "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
         "config": OmegaConf.to_container(cfg, resolve=True),

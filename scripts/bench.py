@@ -25,8 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mars_bench.decoding import DecodeConfig, Method, generate  # noqa: E402
-from mars_bench.models import fastpath  # noqa: E402
+from mars_bench.models import fastpath, panel  # noqa: E402
 from mars_bench.records import SPEEDUP_DEFINITION, TAU_DEFINITION  # noqa: E402
+
+
+def fast_available() -> bool:
+    return panel.library() is not None or fastpath.available()
 
 
 def load(args):
@@ -37,7 +41,7 @@ def load(args):
 
     C.register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"model.fast_path={'on' if fastpath.available() else 'off'}"])
+        cfg = compose(config_name="config", overrides=[f"model.fast_path={'on' if fast_available() else 'off'}"])
     pair = load_pair(cfg.model)
     return pair, cfg.model.draft_quant
 
@@ -49,7 +53,7 @@ def fp32_draft(pair):
     from mars_bench.models.adapter import CausalLMAdapter
 
     model = AutoModelForCausalLM.from_pretrained(pair.draft_path, dtype=torch.float32)
-    if fastpath.available():
+    if fast_available():
         model = fastpath.enable_fast_path(model)
     return CausalLMAdapter(model, out_vocab=pair.target.vocab, name=pair.draft_path)
 
@@ -146,9 +150,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=10, help="GSM8K + HumanEval prompts (half each)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--k-sweep", default="4,5,6,7,8", help="k values tried for sd and mars")
+    ap.add_argument("--k-sweep", default="4,5,6,7,8,10", help="k values tried for sd and mars")
     ap.add_argument("--sweep-prompts", type=int, default=2, help="prompts used to pick k")
-    ap.add_argument("--trees", default="2,2,6;3,3,10;4,4,16",
+    ap.add_argument("--trees", default="2,2,6;3,3,10;4,4,12;4,4,16",
                     help="tree shapes depth,top_k,total_tokens tried for sd_tree ('' = no tree rows)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench"))
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -162,7 +166,7 @@ def main():
     eos = sorted({tok.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) - {None})
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_ids=tuple(eos))
     items = prompts(tok, args.prompts, data_dir)
-    fast = fastpath.available()
+    fast = fast_available()
     mars = lambda k: Method("mars", k=k, rule="mars", rule_kwargs={"theta": 0.9})  # noqa: E731
 
     print("forward cost of n tokens (target)...", file=sys.stderr)
@@ -209,7 +213,7 @@ def main():
         row["vs_hf_generate"] = row["tokens_per_s"] / hfg["tokens_per_s"]
         row["identical_to_hf_generate"] = sum(a["tokens"] == b for a, b in zip(raw[n], ref))
     goals = check_goals(table, costs, dq)
-    write(args, table, sweep, costs, best, len(items), raw, goals, quant)
+    write(args, table, sweep, costs, best, len(items), raw, goals, quant, fastpath.kind(pair.target.model))
 
 
 def check_goals(table, costs, dq):
@@ -236,12 +240,13 @@ def check_goals(table, costs, dq):
     return out
 
 
-def write(args, table, sweep, costs, best, n_prompts, raw, goals, quant):
+def write(args, table, sweep, costs, best, n_prompts, raw, goals, quant, kernel):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
     lines = [f"# Embedded default pair (Qwen2.5-Coder 0.5B -> 1.5B, fp32 target, {quant} draft, CPU "
-             f"{os.cpu_count()} cores), greedy",
+             f"{os.cpu_count()} cores), greedy", "",
+             f"Fast path kernel: {kernel} (`mars_bench/models/fastpath.py`). Plain path: `F.linear` as loaded.",
              "", f"{n_prompts} prompts (GSM8K + HumanEval), max_new_tokens={args.max_new_tokens}, interleaved. "
              f"{TAU_DEFINITION}. Ratios are to our ar on the fast path ({SPEEDUP_DEFINITION}).", "",
              "| method | tokens/s | tau | vs our ar | vs transformers generate | outside forwards | identical to generate |",
@@ -270,7 +275,8 @@ def write(args, table, sweep, costs, best, n_prompts, raw, goals, quant):
             w.writerow([n, r["tokens_per_s"], r["tau"], r["vs_ar"], r["vs_hf_generate"],
                         r["outside_forward_share"], r["identical_to_hf_generate"]])
     (out / "bench.json").write_text(json.dumps({"table": table, "sweep": sweep, "forward_ms": costs, "goals": goals,
-                                                "best_k": best, "args": {**vars(args), "out": os.path.relpath(out, ROOT)}},
+                                                "best_k": best, "fast_kernel": kernel,
+                                                "args": {**vars(args), "out": os.path.relpath(out, ROOT)}},
                                                indent=2))
     plot(out, table)
     print(md)

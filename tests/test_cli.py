@@ -11,7 +11,9 @@ from hydra import compose, initialize_config_dir
 
 from mars_bench import config as C
 from mars_bench import run as R
+from mars_bench.models import fastpath
 from mars_bench.models.pairs import TokenizerMismatch, check_tokenizers
+from mars_bench.models.tiny import tiny_pair
 from mars_bench.rules import top2
 
 from .conftest import ROOT, data_dir
@@ -41,6 +43,7 @@ def test_default_config_is_the_embedded_pair():
     ("max_new_tokens=0", "max_new_tokens=0"), ("method.name=beam", "method.name='beam'"),
     ("method.rule=fuzzy", "method.rule='fuzzy'"), ("top_p=0", "top_p=0"),
     ("temperature=-1", "temperature=-1"), ("method.nonpositive_top1=abs", "'abs'"),
+    ("model.fast_path=panel", "model.fast_path='panel'"),
 ])
 def test_bad_values_one_line_error(tmp_path, override, needle):
     cfg = tiny_cfg(tmp_path / "r", override)
@@ -154,6 +157,12 @@ def test_speedup_and_fidelity_when_ar_exists(tmp_path):
     s = R.run(tiny_cfg(tmp_path, "method=sd", "limit=4"))
     assert s["speedup"]["n_common"] == 4 and s["speedup"]["speedup"] > 0
     assert s["fidelity"]["aggregate"]["pct_identical"] == 100.0   # greedy sd is lossless
+    assert s["fast_kernel"] == ["off"]           # model=tiny: fast_path=auto leaves it off, and the record says so
+    on = R.run(tiny_cfg(tmp_path / "on", "method=sd", "limit=2", "model.fast_path=on"))
+    assert on["fast_kernel"] == [fastpath.kind(fastpath.enable_fast_path(tiny_pair()[0]))] != ["off"]
+    mkl = R.run(tiny_cfg(tmp_path / "on", "method=sd", "limit=2", "model.fast_path=mkl"))
+    assert mkl["fast_kernel"] == (["mkl-packed"] if fastpath.available() else ["off"])
+    assert "_mklfast" in mkl["run_dir"] and "_mklfast" not in on["run_dir"]   # kernels never share a results dir
     m = R.run(tiny_cfg(tmp_path, "method=mars", "method.theta=0.6", "limit=4"))
     assert m["fidelity"]["aggregate"]["pct_identical"] < 100.0
 

@@ -1,4 +1,5 @@
-"""The CPU fast path (MKL prepacked linears) gives the plain path's outputs."""
+"""The CPU fast path's MKL kernel (prepacked linears; the fallback where the panel kernel is unavailable)
+gives the plain path's outputs. The panel kernel: tests/test_panel.py."""
 import pytest
 import torch
 
@@ -37,8 +38,8 @@ def test_fast_path_greedy_outputs_equal_plain_path(prompt_ids):
     plain_t, plain_d = CausalLMAdapter(target), None
     plain_d = CausalLMAdapter(draft, out_vocab=plain_t.vocab)
     ft, fd, _ = tiny_pair()
-    fast_t = CausalLMAdapter(fastpath.enable_fast_path(ft))
-    fast_d = CausalLMAdapter(fastpath.enable_fast_path(fd), out_vocab=fast_t.vocab)
+    fast_t = CausalLMAdapter(fastpath.enable_fast_path(ft, kernel="mkl"))
+    fast_d = CausalLMAdapter(fastpath.enable_fast_path(fd, kernel="mkl"), out_vocab=fast_t.vocab)
     assert any(isinstance(m, fastpath.PackedLinear) for m in fast_t.model.modules())
     cfg = DecodeConfig(max_new_tokens=24, eos_ids=(258,))
     for method in (Method("ar"), Method("sd", k=3), Method("sd", k=7),
@@ -52,7 +53,7 @@ def test_fast_path_greedy_outputs_equal_plain_path(prompt_ids):
 
 def test_adapter_packing_off_gives_the_plain_path():
     t, _, _ = tiny_pair()
-    a = CausalLMAdapter(fastpath.enable_fast_path(t))
+    a = CausalLMAdapter(fastpath.enable_fast_path(t, kernel="mkl"))
     packed = lambda: [m.packed is not None for m in a.model.modules() if isinstance(m, fastpath.PackedLinear)]  # noqa: E731
     a.expect(5)
     assert all(packed())

@@ -1,4 +1,8 @@
-"""CPU fast path: MKL prepacked linear layers, packed for the number of tokens a forward scores.
+"""CPU fast path: linear layers whose cost barely grows with the number of tokens a forward scores.
+
+Two kernels, best first: the AVX-512 panel GEMM (``panel.py``: one pack serves every M <= 32) where the
+CPU has AVX-512F and a C compiler is present; else MKL's packed GEMM described here. ``kind(model)``
+says which one a model runs, and run summaries record it.
 
 Why: a 1.5B fp32 forward of a few tokens is memory-bound, so scoring k + 1 tokens should cost about
 what 1 token costs. Plain ``F.linear`` (MKL sgemm) instead repacks the weight on every call once
@@ -60,15 +64,30 @@ class PackedLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-def enable_fast_path(model: nn.Module) -> nn.Module:
-    """Swap every ``nn.Linear`` (LM head included) for a ``PackedLinear``; a no-op without MKL."""
-    if not available():
-        return model
+def enable_fast_path(model: nn.Module, kernel: str = "auto") -> nn.Module:
+    """Swap every fp32 ``nn.Linear`` (LM head included) for a ``PanelLinear`` or, where the panel kernel
+    is unavailable (``kernel="mkl"`` forces this), a ``PackedLinear``; a no-op without either."""
+    from . import panel
+
+    if kernel not in ("auto", "mkl"):
+        raise ValueError(f"fast-path kernel={kernel!r}; allowed: auto, mkl")
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) is not nn.Linear:
+                continue
+            if kernel == "auto" and panel.fits(child):
+                setattr(parent, name, panel.PanelLinear(child))
+            elif available():
                 setattr(parent, name, PackedLinear(child))
     return model
+
+
+def kind(model: nn.Module) -> str:
+    """Which fast-path kernel ``model`` runs: 'panel-avx512', 'mkl-packed' or 'off'."""
+    from .panel import PanelLinear
+
+    types = {type(m) for m in model.modules()}
+    return "panel-avx512" if PanelLinear in types else "mkl-packed" if PackedLinear in types else "off"
 
 
 class Int8Linear(nn.Module):
@@ -125,6 +144,9 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 
 
 def set_rows(model: nn.Module, rows: int | None) -> None:
+    """Announce the usual row count (None: plain path) to every fast-path layer."""
+    from .panel import PanelLinear
+
     for m in model.modules():
-        if isinstance(m, PackedLinear):
+        if isinstance(m, (PackedLinear, PanelLinear)):
             m.pack(rows)

@@ -112,11 +112,11 @@ def _prepare(model, mcfg, device: torch.device):
     if _fast_path_on(mcfg, device):
         from .fastpath import enable_fast_path
 
-        return enable_fast_path(model)
+        return enable_fast_path(model, kernel="mkl" if mcfg.fast_path == "mkl" else "auto")
     return model
 
 
 def _fast_path_on(mcfg, device: torch.device) -> bool:
-    if mcfg.fast_path == "on":
+    if mcfg.fast_path in ("on", "mkl"):
         return True
     return mcfg.fast_path == "auto" and device.type == "cpu" and mcfg.source != "tiny"
