@@ -71,7 +71,7 @@ def test_build_is_cached_and_atomic(tmp_path):
 
 def test_failed_build_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setattr(panel, "_cpu", lambda: ("test cpu", {"avx512f"}))
+    monkeypatch.setattr(panel, "cpu", lambda: ("test cpu", {"avx512f"}))
     with pytest.raises(RuntimeError, match=r"no C compiler .*no-such-cc.* \(set \$CC\)"):
         panel.build(tmp_path / "k")
     assert not any((tmp_path / "k").iterdir())
@@ -85,7 +85,7 @@ def test_failed_build_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_without_avx512_the_fast_path_falls_back_to_mkl(monkeypatch):
-    monkeypatch.setattr(panel, "_cpu", lambda: ("old cpu", {"avx2", "fma"}))
+    monkeypatch.setattr(panel, "cpu", lambda: ("old cpu", {"avx2", "fma"}))
     monkeypatch.setattr(panel, "_state", {})
     assert panel.library() is None and "lacks AVX-512F" in panel.unavailable()
     t, _, _ = tiny_pair()

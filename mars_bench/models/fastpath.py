@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import panel
+
 MIN_ROWS = 4            # below this plain sgemm does not repack: no gain from packing
 BIG_OUT = 32768         # LM heads (151,936 rows): packing pays even at M = 1 (55 -> 32 ms)
 
@@ -67,8 +69,6 @@ class PackedLinear(nn.Module):
 def enable_fast_path(model: nn.Module, kernel: str = "auto") -> nn.Module:
     """Swap every fp32 ``nn.Linear`` (LM head included) for a ``PanelLinear`` or, where the panel kernel
     is unavailable (``kernel="mkl"`` forces this), a ``PackedLinear``; a no-op without either."""
-    from . import panel
-
     if kernel not in ("auto", "mkl"):
         raise ValueError(f"fast-path kernel={kernel!r}; allowed: auto, mkl")
     for parent in list(model.modules()):
@@ -84,10 +84,8 @@ def enable_fast_path(model: nn.Module, kernel: str = "auto") -> nn.Module:
 
 def kind(model: nn.Module) -> str:
     """Which fast-path kernel ``model`` runs: 'panel-avx512', 'mkl-packed' or 'off'."""
-    from .panel import PanelLinear
-
     types = {type(m) for m in model.modules()}
-    return "panel-avx512" if PanelLinear in types else "mkl-packed" if PackedLinear in types else "off"
+    return "panel-avx512" if panel.PanelLinear in types else "mkl-packed" if PackedLinear in types else "off"
 
 
 class Int8Linear(nn.Module):
@@ -116,11 +114,8 @@ def int8_available() -> bool:
 
 def _full_range() -> bool:
     """8-bit activations are exact in fbgemm only with VNNI (int32 dot products, no int16 saturation)."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return " avx512_vnni" in flags or " avx_vnni" in flags
+    flags = panel.cpu()[1]
+    return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -145,8 +140,6 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 
 def set_rows(model: nn.Module, rows: int | None) -> None:
     """Announce the usual row count (None: plain path) to every fast-path layer."""
-    from .panel import PanelLinear
-
     for m in model.modules():
-        if isinstance(m, (PackedLinear, PanelLinear)):
+        if isinstance(m, (PackedLinear, panel.PanelLinear)):
             m.pack(rows)

@@ -33,7 +33,8 @@ MAX_ROWS = 32          # rows per call the panel kernel takes; more (prefill) go
 _state: dict = {}      # "lib" (ctypes.CDLL) or "why" (str), set by the first library() call
 
 
-def _cpu() -> tuple[str, set]:
+def cpu() -> tuple[str, set]:
+    """(model name, feature flags) from /proc/cpuinfo; empty where it cannot be read."""
     try:
         text = open("/proc/cpuinfo").read()
     except OSError:
@@ -51,7 +52,7 @@ def _kernel_dir() -> Path:
 
 def build(out_dir: Path | None = None) -> Path:
     """Compile ``panel_gemm.c`` for this CPU (once; reused while source, compiler and CPU are unchanged)."""
-    model, flags = _cpu()
+    model, flags = cpu()
     if platform.machine().lower() not in ("x86_64", "amd64") or "avx512f" not in flags:
         raise RuntimeError(f"CPU {model or platform.machine()!r} lacks AVX-512F")
     cc = os.environ.get("CC", "cc")
