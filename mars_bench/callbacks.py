@@ -73,7 +73,7 @@ def validate_sweep(config: DictConfig, check_task: bool = True) -> int:
             C.validate(cfg)
             key = (cfg.task.name, cfg.task.system_prompt, cfg.subset, cfg.limit, cfg.data_dir)
             if check_task and key not in seen_tasks:
-                from .run import prepare
+                from .runner import prepare
 
                 prepare(cfg)   # unknown task or subset, missing data, bad task option
                 seen_tasks.add(key)

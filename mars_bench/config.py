@@ -10,14 +10,14 @@ import math
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Optional
 
-from .decoding import METHODS, TREE_METHODS, DecodeConfig, Method
-from .rules import NONPOSITIVE_TOP1, RULES, SAMPLED_TOP1
+from .decode.rules import RULES
+from .decode.tree.build import TreeSpec
+from .decode.types import CHAIN, DEFAULT_K, DRAFT_MODEL, METHOD_NAMES, TREE, DecodeConfig, Method, resolve
 
 SOURCES = ("tiny", "embedded", "hf")
-MARS_METHODS = ("mars", "mars_tree", "eagle3_mars")
-DRAFT_METHODS = ("sd", "mars", "sd_tree", "mars_tree")     # need a separate draft model
 DEVICES = ("cpu", "cuda", "auto")
 DRAFT_QUANT = ("none", "int8")
+RULE_ALIASES = ("theta", "nonpositive_top1", "sampled_top1")   # method.<x> = rule.<x>, the releases before the rule axis
 
 
 class ConfigError(ValueError):
@@ -43,18 +43,34 @@ class ModelConfig:
 
 @dataclass
 class MethodConfig:
-    name: str = "mars"              # ar | sd | mars | sd_tree | mars_tree | eagle3 | eagle3_mars
-    k: int = 4                      # draft tokens proposed per step (chain methods)
-    rule: str = "mars"              # verification rule: exact | mars
-    theta: float = 0.9              # MARS threshold on r = z2/z1, in (0, 1]
-    nonpositive_top1: str = "strict"  # strict: never relax when z1 <= 0 | ratio: authors' z2/(z1+1e-10)
-    sampled_top1: str = "always"    # sampling: always accept a top-1 draft | margin: only when r > theta (authors' code)
-    # tree methods (docs/trees_and_eagle3.md); the authors' Qwen3 scripts use total_tokens 50, depth 6, top_k 10
-    depth: int = 4                  # expansion forwards after the root (drafts reach depth + 1)
-    top_k: int = 4                  # children per expanded node, and frontier width
-    total_tokens: int = 16          # tree size including the root
+    name: str = "???"               # (required) drafting scheme ar | sd | sd_tree | eagle3, or a preset (mars = sd + rule mars,
+                                    # mars_tree, eagle3_mars); chosen by the defaults list of conf/config.yaml
+    k: int = DEFAULT_K              # chains: most draft tokens proposed per step
+    p_min: float = 0.0              # chains: adaptive draft length, stop when the draft's top-1 prob < p_min (0 = off)
+    # tree schemes (docs/trees_and_eagle3.md); defaults are TreeSpec's; the authors' Qwen3 scripts use 50 / 6 / 10
+    depth: int = TreeSpec.depth     # expansion forwards after the root (drafts reach depth + 1)
+    top_k: int = TreeSpec.top_k     # children per expanded node, and frontier width
+    total_tokens: int = TreeSpec.total_tokens  # tree size including the root
     static_paths: Optional[Any] = None  # a static tree as a list of child-rank paths; null = dynamic
-    children: str = "topk"          # sampled trees: topk (q = one-hot, EAGLE) | sample (without replacement)
+    children: str = TreeSpec.children   # sampled trees: topk (q = one-hot, EAGLE) | sample (without replacement)
+    # aliases of rule.theta / rule.nonpositive_top1 / rule.sampled_top1 (null = unset), so commands written
+    # before the rule axis keep working; ignored by rules without that setting
+    theta: Optional[Any] = None
+    nonpositive_top1: Optional[Any] = None
+    sampled_top1: Optional[Any] = None
+
+
+def _rule_schema():
+    """``rule``: its name and every setting any registered rule has (null = the rule's default, from
+    its registration in mars_bench/decode/rules/); which ones apply is checked by ``validate``."""
+    from dataclasses import make_dataclass
+
+    names = sorted({k.name for r in RULES.values() for k in r.knobs})
+    return make_dataclass("RuleConfig", [("name", Optional[str], field(default=None))]
+                          + [(n, Any, field(default=None)) for n in names])
+
+
+RuleConfig = _rule_schema()
 
 
 @dataclass
@@ -75,6 +91,7 @@ class LoggerConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
+    rule: Any = field(default_factory=RuleConfig)   # conf/rule/<name>.yaml; null name = the method's own rule
     task: TaskConfig = field(default_factory=TaskConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0                   # per-sample generator seed = seed * 1000003 + sample index
@@ -86,6 +103,7 @@ class Config:
     data_dir: str = "../shared/data"  # benchmark data (env MARS_BENCH_DATA_DIR wins)
     results_dir: str = "results"    # where runs are written
     progress: bool = True           # progress bars
+    compare: Any = field(default_factory=list)  # interleaved methods: a list of override lists (conf/compare/)
 
 
 def register() -> None:
@@ -114,9 +132,9 @@ def _one_of(name: str, value: Any, allowed) -> str:
 
 def _known_keys(cfg: Any) -> None:
     """Keys added with Hydra's ``+`` bypass struct mode: refuse those the schema does not know."""
-    from dataclasses import fields
+    from dataclasses import fields, is_dataclass
 
-    groups = {f.name: f.default_factory for f in fields(Config) if f.default_factory is not MISSING}
+    groups = {f.name: f.default_factory for f in fields(Config) if is_dataclass(f.default_factory)}
     for f in fields(Config):
         if f.name in groups:
             allowed = [g.name for g in fields(groups[f.name]())]
@@ -129,25 +147,23 @@ def validate(cfg: Any) -> None:
     """Check every user-facing value; raise ConfigError naming the first bad one."""
     _known_keys(cfg)
     m = cfg.method
-    _one_of("method.name", m.name, METHODS)
-    _one_of("method.rule", m.rule, tuple(RULES))
+    _one_of("method.name", m.name, METHOD_NAMES)
+    method = method_of(cfg)          # scheme, rule and its settings (ValueError -> ConfigError inside)
     _int_at_least("method.k", m.k, 1)
-    theta = _number("method.theta", m.theta)
-    if not 0.0 < theta <= 1.0:
-        raise ConfigError(f"method.theta={m.theta!r}; allowed: a number in (0, 1]")
-    _one_of("method.nonpositive_top1", m.nonpositive_top1, NONPOSITIVE_TOP1)
-    _one_of("method.sampled_top1", m.sampled_top1, SAMPLED_TOP1)
-    want = "mars" if m.name in MARS_METHODS else "exact"
-    if m.name != "ar" and m.rule != want:
-        raise ConfigError(f"method.rule={m.rule!r} with method.name={m.name}; allowed: {want}")
-    if m.name in TREE_METHODS:
-        from .tree import TreeSpec
-
+    p_min = _number("method.p_min", m.p_min)
+    if not 0.0 <= p_min < 1.0:
+        raise ConfigError(f"method.p_min={m.p_min!r}; allowed: a number in [0, 1) (0 = fixed k)")
+    if method.speculative:
+        try:
+            RULES[method.rule].check_mode("chain" if method.name in CHAIN else "tree", _number("temperature", cfg.temperature))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if method.name in TREE:
         try:
             TreeSpec(**tree_knobs(m))
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    if m.name.startswith("eagle3") and not cfg.model.eagle3:
+    if method.name == "eagle3" and not cfg.model.eagle3:
         raise ConfigError(f"method.name={m.name} needs model.eagle3 (an EAGLE-3 head: Hub id or local dir)")
     _one_of("model.source", cfg.model.source, SOURCES)
     _one_of("model.device", cfg.model.device, DEVICES)
@@ -157,7 +173,7 @@ def validate(cfg: Any) -> None:
     if cfg.model.draft_quant != "none" and cfg.model.device == "cuda":
         raise ConfigError(f"model.draft_quant={cfg.model.draft_quant!r} runs on CPU only; allowed with "
                           "model.device=cuda: none")
-    if m.name in DRAFT_METHODS and cfg.model.source != "tiny" and not cfg.model.draft:
+    if method.name in DRAFT_MODEL and cfg.model.source != "tiny" and not cfg.model.draft:
         raise ConfigError(f"method.name={m.name!r} needs model.draft; this model config has none")
     for name in ("max_new_tokens", "limit"):
         if cfg[name] is not None:
@@ -172,9 +188,32 @@ def validate(cfg: Any) -> None:
     _one_of("logger.name", cfg.logger.name, ("none", "wandb"))
 
 
+def rule_settings(cfg: Any, rule_name: str) -> dict:
+    """The rule's settings from ``rule.*`` (and the ``method.*`` aliases), defaults filled in, checked."""
+    rule = RULES[rule_name]
+    given = {n: v for n, v in cfg.rule.items() if n != "name" and v is not None}
+    if rule.lossless:   # the lossless references have no settings: rule.* set for a sweep's lossy rules is ignored
+        given = {}
+    for n in RULE_ALIASES:
+        v = cfg.method[n]
+        if v is None or n not in rule.knob_map:
+            continue
+        try:
+            v = rule.knob_map[n].check(v, "method")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if n in given and given[n] != v:
+            raise ConfigError(f"method.{n}={v!r} and rule.{n}={given[n]!r} disagree; set rule.{n} only")
+        given[n] = v
+    try:
+        return rule.settings(given)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def draft_quant_of(cfg: Any) -> Optional[str]:
     """The draft's quantization for methods with a separate draft model; None for the others."""
-    return cfg.model.draft_quant if cfg.method.name in DRAFT_METHODS else None
+    return cfg.model.draft_quant if method_of(cfg).name in DRAFT_MODEL else None
 
 
 def tree_knobs(m: Any) -> dict:
@@ -184,13 +223,17 @@ def tree_knobs(m: Any) -> dict:
 
 
 def method_of(cfg: Any) -> Method:
+    """The decoding core's ``Method`` for a config: scheme, rule and its full settings."""
     m = cfg.method
-    kwargs = {}
-    if m.name in MARS_METHODS:
-        kwargs = {"theta": float(m.theta), "nonpositive_top1": m.nonpositive_top1,
-                  "sampled_top1": m.sampled_top1}
-    return Method(name=m.name, k=int(m.k), rule="exact" if m.name == "ar" else m.rule, rule_kwargs=kwargs,
-                  tree=tree_knobs(m) if m.name in TREE_METHODS else {})
+    if cfg.rule.name is not None and cfg.rule.name not in RULES:
+        raise ConfigError(f"rule={cfg.rule.name!r}; allowed: {', '.join(RULES)}")
+    try:
+        scheme, rule = resolve(m.name, cfg.rule.name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    settings = rule_settings(cfg, rule) if scheme != "ar" else {}
+    return Method(name=scheme, k=int(m.k), rule=rule, rule_kwargs=settings, p_min=float(m.p_min),
+                  tree=tree_knobs(m) if scheme in TREE else {})
 
 
 def decode_config(cfg: Any, max_new_tokens: int, eos_ids, stop_strings) -> DecodeConfig:

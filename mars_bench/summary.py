@@ -7,7 +7,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from . import records as R
-from .config import MARS_METHODS, draft_quant_of
+from .config import draft_quant_of, method_of
+from .decode.rules import RULES
+from .tags import RunTag
 
 
 def fidelity_vs_ar(recs: list[dict], ar_recs: list[dict]) -> dict | None:
@@ -29,20 +31,24 @@ def fidelity_vs_ar(recs: list[dict], ar_recs: list[dict]) -> dict | None:
     return {"aggregate": aggregate_fidelity(list(per.values())), "per_sample": per}
 
 
-def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | None = None) -> dict:
+def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | None = None,
+                  sd_dir: Path | None = None) -> dict:
     run_dir = Path(run_dir)
     recs, problems = R.read_samples(run_dir / "samples.jsonl")
     by_id = {r["id"]: r for r in recs}
     ordered = [(s, by_id[s.id]) for s in samples if s.id in by_id]
+    method, tag = method_of(cfg), RunTag.parse(run_dir.name)
     quality = task.aggregate([s for s, _ in ordered], [r["score"] for _, r in ordered],
                              [[t["output_text"] for t in r["turns"]] for _, r in ordered]) if ordered else {}
     summary = {
         "run_dir": str(run_dir), "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": cfg.model.name, "task": task.name, "task_version": task.version,
-        "method": cfg.method.name, "k": cfg.method.k,
+        "method": tag.head if tag else method.name, "k": cfg.method.k,
         "draft_quant": draft_quant_of(cfg),
         "fast_kernel": sorted({r.get("fast_kernel", "unrecorded") for _, r in ordered}),   # one, unless resumed elsewhere
-        "theta": cfg.method.theta if cfg.method.name in MARS_METHODS else None,
+        "scheme": method.name, "rule": method.rule if method.speculative else None,
+        "rule_settings": method.rule_kwargs, "lossless": (not method.speculative) or RULES[method.rule].lossless,
+        "theta": method.rule_kwargs.get("theta"),
         "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "manifest": R.manifest(), "data_sha256": task.data_sha256(data_dir),

@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mars_bench.decoding import DecodeConfig, Method, generate  # noqa: E402
+from mars_bench.decode import DecodeConfig, Method, generate  # noqa: E402
 from mars_bench.models import fastpath, panel  # noqa: E402
 from mars_bench.records import SPEEDUP_DEFINITION, TAU_DEFINITION  # noqa: E402
 

@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from mars_bench import rules
-from mars_bench.decoding import DecodeConfig, Method, generate, speculative_step
+from mars_bench.decode import rules
+from mars_bench.decode import DecodeConfig, Method, generate
+from mars_bench.decode.chain import speculative_step
 
 from .conftest import EOS, MAX_NEW
 
@@ -76,7 +77,7 @@ def test_cache_after_rejections_matches_fresh_forward(tiny, prompt_ids):
         m.forward(seq[:-1], logits=False)
     rejections = 0
     for _ in range(12):
-        committed, v = speculative_step(target, draft, seq, 6, rules.exact, cfg, None)
+        committed, v, _ = speculative_step(target, draft, seq, 6, rules.exact, cfg, None)
         rejections += v.n_accepted < 6
         seq += committed
         assert target.cache_len == len(seq) - 1 and draft.cache_len <= len(seq) - 1

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from mars_bench.decoding import DecodeConfig, Method, generate
+from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.models import fastpath
 from mars_bench.models.adapter import CausalLMAdapter
 from mars_bench.models.tiny import tiny_pair
@@ -43,9 +43,13 @@ def test_draft_quant_config_and_results_path(tmp_path):
     from omegaconf import OmegaConf
 
     from mars_bench import config as C
-    from mars_bench.run import run_tag
+    from mars_bench.tags import RunTag
+
+    def run_tag(cfg, n):
+        return RunTag.from_config(cfg, n).format()
 
     cfg = OmegaConf.structured(C.Config)
+    cfg.method.name = "mars"
     cfg.model.draft_quant = "int4"
     with pytest.raises(C.ConfigError, match=r"model.draft_quant='int4'; allowed: none, int8"):
         C.validate(cfg)
@@ -54,7 +58,7 @@ def test_draft_quant_config_and_results_path(tmp_path):
         C.validate(cfg)
     cfg.model.device = "cpu"
     C.validate(cfg)
-    cfg.method.name, cfg.method.rule = "sd", "exact"
+    cfg.method.name = "sd"
     assert run_tag(cfg, 16).endswith("-draftint8-T0-p1-n16-s0")
     cfg.method.name = "ar"
     assert "draft" not in run_tag(cfg, 16)   # ar has no draft: its baseline is shared

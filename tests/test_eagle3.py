@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from mars_bench import rules
-from mars_bench.decoding import DecodeConfig, Method
-from mars_bench.eagle3 import (Eagle3Drafter, Eagle3Head, Eagle3LoadError, feature_layers, load_eagle3_drafter,
+from mars_bench.decode import rules
+from mars_bench.decode import DecodeConfig, Method
+from mars_bench.decode.drafters.eagle3 import (Eagle3Drafter, Eagle3Head, Eagle3LoadError, feature_layers, load_eagle3_drafter,
                                load_eagle3_head)
-from mars_bench.tree import TreeSpec, generate_tree
-from mars_bench.tree_loop import tree_step
+from mars_bench.decode.tree import TreeSpec
+from mars_bench.decode.tree.loop import generate_tree, tree_step
 
 from .conftest import EOS, MAX_NEW
 H = 64

@@ -3,7 +3,7 @@ gives the plain path's outputs. The panel kernel: tests/test_panel.py."""
 import pytest
 import torch
 
-from mars_bench.decoding import DecodeConfig, Method, generate
+from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.models import fastpath
 from mars_bench.models.adapter import CausalLMAdapter
 from mars_bench.models.tiny import tiny_pair

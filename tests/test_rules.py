@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from mars_bench import rules
+from mars_bench.decode import rules
 
 
 def z_of(*rows):
@@ -95,7 +95,7 @@ def test_exact_sampling_accept_probability():
 
 
 def test_unknown_rule():
-    with pytest.raises(ValueError, match="unknown verification rule 'nope'; allowed: exact, mars"):
+    with pytest.raises(ValueError, match="unknown verification rule .nope.; allowed: exact, fly, mars"):
         rules.get_rule("nope")
 
 

@@ -31,8 +31,8 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-GROUP_OVERRIDES = ([f"{g}={o}" for g in ("model", "method", "task", "logger") for o in options(g)]
-                   + [f"+{g}={o}" for g in ("sweep", "experiment", "debug") for o in options(g)]
+GROUP_OVERRIDES = ([f"{g}={o}" for g in ("model", "method", "task", "logger", "rule") for o in options(g)]
+                   + [f"+{g}={o}" for g in ("sweep", "experiment", "debug", "compare") for o in options(g)]
                    + [f"hydra/{g}={o}" for g in ("launcher", "callbacks") for o in options(f"hydra/{g}")])
 # jobs per sweep: theta 0.84..0.98 step 0.02 + 1.0 = 9; cpu_reproduction 4 tasks x 3 methods x 3 thetas
 SWEEP_JOBS = {"+sweep=theta": 9, "+sweep=methods": 3, "+experiment=qwen3_gsm8k_table": 3,
@@ -54,6 +54,7 @@ def test_every_config_composes_and_validates(hydra_ctx, override):
         pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     # EAGLE-3 methods need a head on the model (no model config ships one): a placeholder id validates
     extra = ["model.eagle3=placeholder/eagle3-head"] if override.startswith("method=eagle3") else []
+    extra += ["method=sd"] if override.startswith("rule=") else []   # the default method is the mars preset
     cfg = compose("config", overrides=[override, *extra], return_hydra_config=override.startswith("hydra/"))
     if not override.startswith("hydra/"):
         C.validate(cfg)
@@ -62,7 +63,7 @@ def test_every_config_composes_and_validates(hydra_ctx, override):
 
 def test_every_config_file_is_covered():
     groups = [p.parent.relative_to(CONF).as_posix() for p in CONF.rglob("*.yaml") if p.parent != CONF]
-    assert set(groups) == {"model", "method", "task", "logger", "sweep", "experiment", "debug",
+    assert set(groups) == {"model", "method", "rule", "task", "logger", "sweep", "experiment", "debug", "compare",
                            "hydra/launcher", "hydra/callbacks"}
 
 

@@ -15,9 +15,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from mars_bench import rules, sampling, tree as tree_mod
-from mars_bench.decoding import DecodeConfig, Method
-from mars_bench.tree import TreeSpec, generate_tree
+from mars_bench.decode import rules, sampling
+from mars_bench.decode.tree import build as tree_mod
+from mars_bench.decode import DecodeConfig, Method
+from mars_bench.decode.tree import TreeSpec
+from mars_bench.decode.tree.loop import generate_tree
 
 V, L, PROMPT = 3, 3, [1, 2]
 gen0 = torch.Generator().manual_seed(0)
@@ -113,8 +115,8 @@ def test_sampled_tree_commits_p_target(spec, temperature, top_p, n):
 
 def test_chi_square_detects_a_lossy_rule():
     """Negative control: the same test fails for a lossy rule (accept the first child always)."""
-    rules.RULES["_accept_all"] = lambda d, z, *a, **kw: rules.Verdict(torch.ones_like(d, dtype=torch.bool),
-                                                                      torch.zeros_like(d, dtype=torch.bool))
+    rules.register(rules.Rule("_accept_all", lambda d, z, p, q, u, std: (torch.ones_like(std), torch.ones_like(d)),
+                               lossless=False, doc="negative control: accept every draft"))
     try:
         counts, _ = run(TreeSpec(depth=1, top_k=2, total_tokens=5), 1.0, 1.0, 1500, rule="_accept_all")
     finally:

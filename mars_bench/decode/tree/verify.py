@@ -1,4 +1,4 @@
-"""Verifying a draft tree against one target forward: a rule (rules.RULES) decides every node.
+"""Verifying a draft tree against one target forward: a rule (decode.rules.RULES) decides every node.
 
 ``z`` holds the target's RAW logits for every tree node (row 0 = root): row j predicts the children of
 node j. A node's token is judged by the rule on its PARENT's row, exactly as a chain position is
@@ -44,43 +44,49 @@ from dataclasses import dataclass
 
 import torch
 
-from . import rules, sampling
-from .tree import DraftTree
+from .. import sampling
+from ..rules import top2
+from .build import DraftTree
 
 
 @dataclass
 class TreeVerdict:
     path: list[int]            # accepted nodes, depth 1..m (root excluded)
     next_token: int            # correction / bonus token after the path
-    relaxed: list[bool]        # per path node: owed to the margin clause
+    clause: list               # per path node: the rule's lenient clause that accepted it, or None
     rejected_end: bool         # the path's end node had children and every one was rejected
     z1: list[float]            # per verified position: the path nodes (+ the rejected end)
     z2: list[float]
     top1: list[int]
     top2: list[int]
+    rule: str = "exact"
+
+    @property
+    def relaxed(self) -> list[bool]:
+        return [c is not None for c in self.clause]
 
 
 def verify_greedy(rule, tree: DraftTree, z: torch.Tensor, **rule_kwargs) -> TreeVerdict:
     n = len(tree.tokens)
-    ok, n_rel, rel = [True] + [False] * (n - 1), [0] * n, [False] * n
+    ok, n_rel, cl = [True] + [False] * (n - 1), [0] * n, [0] * n
     if n > 1:
         dev = z.device
         par = torch.tensor(tree.parents[1:], device=dev)
         v = rule(torch.tensor(tree.tokens[1:], device=dev), z[par], None, None, None, **rule_kwargs)
-        acc, rel = [False] + v.accept.tolist(), [False] + v.relaxed.tolist()
+        acc, cl = [False] + v.accept.tolist(), [0] + v.clause.tolist()
         for j in range(1, n):
             p = tree.parents[j]
             if ok[p] and acc[j]:
-                ok[j], n_rel[j] = True, n_rel[p] + int(rel[j])
+                ok[j], n_rel[j] = True, n_rel[p] + int(cl[j] > 0)
     best = min((j for j in range(n) if ok[j]),
                key=lambda j: (-tree.depths[j], n_rel[j], tree.path_to(j)))
     path = tree.path_to(best)
-    return _verdict(tree, z, path, [bool(rel[j]) for j in path], int(z[best].argmax(-1)))
+    return _verdict(rule, tree, z, path, [_name(rule, cl[j]) for j in path], int(z[best].argmax(-1)))
 
 
 def verify_sampled(rule, tree: DraftTree, z: torch.Tensor, temperature: float, top_p: float,
                    gen: torch.Generator, **rule_kwargs) -> TreeVerdict:
-    node, path, relaxed, vocab = 0, [], [], z.shape[-1]
+    node, path, clause, vocab = 0, [], [], z.shape[-1]
     while True:
         p = sampling.warp(z[node], temperature, top_p)
         nxt = None
@@ -91,21 +97,26 @@ def verify_sampled(rule, tree: DraftTree, z: torch.Tensor, temperature: float, t
                      **rule_kwargs)
             if bool(v.accept[0]):
                 nxt = c
-                relaxed.append(bool(v.relaxed[0]))
+                clause.append(_name(rule, int(v.clause[0])))
                 break
-            p = sampling.residual(p, q)
+            if rule.correction == "residual":
+                p = sampling.residual(p, q)
         if nxt is None:
-            return _verdict(tree, z, path, relaxed, int(sampling.sample(p, gen)))
+            return _verdict(rule, tree, z, path, clause, int(sampling.sample(p, gen)))
         path.append(nxt)
         node = nxt
 
 
-def _verdict(tree: DraftTree, z: torch.Tensor, path: list[int], relaxed: list[bool], nxt: int) -> TreeVerdict:
+def _name(rule, c: int):
+    return rule.clauses[c - 1] if c else None
+
+
+def _verdict(rule, tree: DraftTree, z: torch.Tensor, path: list[int], clause: list, nxt: int) -> TreeVerdict:
     end = path[-1] if path else 0
     rejected_end = bool(tree.children[end])
     rows = [tree.parents[j] for j in path] + ([end] if rejected_end else [])
     if rows:
-        z1, z2, t1, t2 = (x.tolist() for x in rules.top2(z[torch.tensor(rows, device=z.device)]))
+        z1, z2, t1, t2 = (x.tolist() for x in top2(z[torch.tensor(rows, device=z.device)]))
     else:
         z1 = z2 = t1 = t2 = []
-    return TreeVerdict(path, nxt, relaxed, rejected_end, z1, z2, t1, t2)
+    return TreeVerdict(path, nxt, clause, rejected_end, z1, z2, t1, t2, rule.name)

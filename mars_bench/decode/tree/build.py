@@ -28,10 +28,10 @@ How children are chosen (``TreeSpec.children``; greedy decoding always uses ``to
           on a draw's own value (pruning would bias it): the i-th draw scores the EXPECTED draft
           probability of that draw, log sum_x q_i(x) q(x).
 
-Drafters (``tree_draft``: ``LMDrafter`` over a small causal LM; ``eagle3.Eagle3Drafter``) are asked for
+Drafters (``drafters.lm.LMDrafter`` over a small causal LM; ``drafters.eagle3.Eagle3Drafter``) are asked for
 the root's logits once and for each frontier in one forward per depth; a fed node gets the next
 drafter slot, which is how the drafter's cache is compacted after verification.
-The decoding loop itself is ``tree_loop.generate_tree``.
+The decoding loop itself is ``tree.loop.generate_tree``.
 """
 from __future__ import annotations
 
@@ -40,17 +40,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import sampling
-from .tree_draft import LMDrafter, SlotTree, additive_mask, as_drafter  # noqa: F401  (re-exported)
+from .. import sampling
 
 CHILDREN = ("topk", "sample")
 
 
 @dataclass(frozen=True)
 class TreeSpec:
-    depth: int = 4                   # expansion forwards after the root (EAGLE `depth`); max depth + 1
-    top_k: int = 4                   # children per expanded node, and frontier width
-    total_tokens: int = 16           # tree size incl. the root (EAGLE `total_token`)
+    # defaults: the fastest shape on the 2-core CPU by `make bench` (conf/method/sd_tree.yaml has the sweep)
+    depth: int = 3                   # expansion forwards after the root (EAGLE `depth`); max depth + 1
+    top_k: int = 3                   # children per expanded node, and frontier width
+    total_tokens: int = 10           # tree size incl. the root (EAGLE `total_token`)
     static_paths: tuple | None = None  # static tree: paths of child ranks; None = dynamic
     children: str = "topk"           # sampled decoding: topk (q = one-hot) | sample (without replacement)
 
@@ -261,9 +261,3 @@ def _static(pool: _Pool, drafter, z, spec: TreeSpec, levels: int, cfg, gen) -> D
         rows = pool.feed(drafter, level) if level else []
     return pool.tree(list(range(1, len(pool.tok))))
 
-
-def generate_tree(target, draft, tokenizer, prompt, method, cfg, seed=0, tree=None):
-    """See ``tree_loop.generate_tree`` (kept there to keep this module about building)."""
-    from .tree_loop import generate_tree as _generate_tree
-
-    return _generate_tree(target, draft, tokenizer, prompt, method, cfg, seed, tree)

@@ -1,14 +1,14 @@
 """The tree decoding loop: draft a tree, score it in ONE target forward, keep the accepted path.
 
-Same conventions as ``decoding.generate`` (and the same ``Stopper``): between steps the target cache
+Same conventions as ``decode.chain`` (and the same ``Stopper``): between steps the target cache
 holds every committed token except the newest, which is the tree's root and is fed first in the next
 target forward, so tau = new tokens / target forwards. One step:
-  1. the drafter builds a ``DraftTree`` below the root (tree.build_tree), at most as deep as the token
+  1. the drafter builds a ``DraftTree`` below the root (build.build_tree), at most as deep as the token
      budget allows (path + 1 token <= max_new_tokens - emitted);
   2. the target scores [root, node_1 .. node_N] in one forward: 4-D tree mask over [cache + N + 1]
      (each node sees the committed prefix, its ancestors and itself), position ids
      cache_len + depth;
-  3. tree_verify picks the accepted path and the next token (greedy or sampled algorithm);
+  3. verify picks the accepted path and the next token (greedy or sampled algorithm);
   4. both caches keep only the accepted path (``adapter.keep`` by index: committed + root + path for
      the target; the drafter drops the other branches likewise), so they equal a plain causal forward
      over the committed sequence.
@@ -20,21 +20,20 @@ z1, z2}; ``depth_proposed`` = deepest draft per step (for the per-depth acceptan
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-
 import torch
 
-from . import rules
-from .decoding import TREE_METHODS, DecodeConfig, DecodeResult, Method, Stopper, _expect, finish, record_verdict
-from .tree import DraftTree, TreeSpec, additive_mask, as_drafter, build_tree
-from .tree_verify import TreeVerdict, verify_greedy, verify_sampled
+from ..chain import expect, finish, record_verdict
+from ..drafters import as_drafter
+from ..rules import get_rule
+from ..types import DecodeConfig, DecodeResult, Method, Stopper
+from .build import DraftTree, TreeSpec, build_tree
+from .mask import additive_mask
+from .verify import TreeVerdict, verify_greedy, verify_sampled
 
-@dataclass
-class TreeDecodeResult(DecodeResult):
-    depth_proposed: list[int] = field(default_factory=list)   # per step: deepest draft in the tree
+TreeDecodeResult = DecodeResult   # depth_proposed lives on DecodeResult
 
 
-def per_depth_acceptance(res: TreeDecodeResult) -> list[float]:
+def per_depth_acceptance(res: DecodeResult) -> list[float]:
     """Acceptance rate at depth i (i = 1..): steps whose path reached depth i / steps proposing depth i."""
     out = []
     for d in range(1, max(res.depth_proposed, default=0) + 1):
@@ -76,10 +75,11 @@ def generate_tree(target, draft, tokenizer, prompt: list[int], method: Method, c
     if draft is None:
         raise ValueError(f"method {method.name!r} needs a draft model or an EAGLE-3 head")
     spec = tree if tree is not None else TreeSpec.from_method(method)
-    rule = rules.get_rule(method.rule)
+    rule = get_rule(method.rule)
+    settings = rule.settings(method.rule_kwargs)
     drafter = as_drafter(draft)
-    _expect(target, spec.total_tokens if spec.static_paths is None else len(spec.static_paths) + 1)
-    _expect(getattr(drafter, "lm", None), spec.top_k if spec.static_paths is None else _widest(spec))
+    expect(target, spec.total_tokens if spec.static_paths is None else len(spec.static_paths) + 1)
+    expect(getattr(drafter, "lm", None), spec.top_k if spec.static_paths is None else _widest(spec))
     gen = torch.Generator(device=target.device).manual_seed(seed) if cfg.temperature > 0 else None
     stopper, res = Stopper(tokenizer, cfg), TreeDecodeResult()
     t_before = (target.forward_s, drafter.forward_s)
@@ -95,7 +95,7 @@ def generate_tree(target, draft, tokenizer, prompt: list[int], method: Method, c
     while stop is None:
         start = len(new)
         budget = cfg.max_new_tokens - len(new) - 1
-        committed, t, v = tree_step(target, drafter, seq, spec, rule, cfg, gen, budget, **method.rule_kwargs)
+        committed, t, v = tree_step(target, drafter, seq, spec, rule, cfg, gen, budget, **settings)
         _audit(res, t, v, start, committed)
         res.steps += 1
         new.extend(committed)
@@ -117,4 +117,4 @@ def _audit(res: TreeDecodeResult, tree: DraftTree, v: TreeVerdict, start: int, c
     record_verdict(res, v, start, committed, v.rejected_end)
 
 
-__all__ = ["TREE_METHODS", "TreeDecodeResult", "generate_tree", "per_depth_acceptance", "tree_step"]
+__all__ = ["TreeDecodeResult", "generate_tree", "per_depth_acceptance", "tree_step"]

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .tree_draft import SlotTree
+from ..tree.mask import SlotTree
 
 
 class Eagle3LoadError(ValueError):
