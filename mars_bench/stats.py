@@ -209,7 +209,8 @@ def binary_delta(method, base, settings: StatsSettings) -> dict:
     = scipy.stats.binomtest(b, b + c, 0.5) on the discordant counts (1.0 when b + c = 0).
     MDE: SE = sqrt(((b+c)/n - ((b-c)/n)^2) / n); with no discordant pair the discordance share
     (b+c)/n is replaced by 3/n (the 'rule of three' 95 % upper bound on a share seen 0 times in n),
-    i.e. SE = sqrt(3) / n, so that a null result still states the loss this n could have seen."""
+    i.e. SE = sqrt(3) / n, so that a null result still states the loss this n could have seen.
+    An MDE above 1 (tiny n) is reported as None with a note: no difference in a share is detectable."""
     from scipy.stats import binomtest
 
     x, y = np.asarray(method, int), np.asarray(base, int)
@@ -225,9 +226,13 @@ def binary_delta(method, base, settings: StatsSettings) -> dict:
     share = (b + c) / n if b + c else 3.0 / n
     se = math.sqrt(max(0.0, share - ((b - c) / n) ** 2) / n)
     vc, bc = proportion_ci(a + b, n, settings), proportion_ci(a + c, n, settings)
-    return {**_test(value, base_v, (b - c) / n, n, settings, "McNemar exact; Newcombe paired score CI",
-                    lo, hi, p, se, None if b + c else "no discordant pair (McNemar p = 1)",
-                    (vc["lo"], vc["hi"]), (bc["lo"], bc["hi"])), "discordant": [b, c]}
+    notes = ([] if b + c else ["no discordant pair (McNemar p = 1)"]) + (
+        [f"n = {n} is too small to detect any difference in a share (MDE > 1)"] if mde(se, settings) > 1 else [])
+    out = _test(value, base_v, (b - c) / n, n, settings, "McNemar exact; Newcombe paired score CI", lo, hi, p,
+                se, "; ".join(notes) or None, (vc["lo"], vc["hi"]), (bc["lo"], bc["hi"]))
+    if out["mde"] is not None and out["mde"] > 1:
+        out["mde"] = None
+    return {**out, "discordant": [b, c]}
 
 
 def mean_delta(method, base, settings: StatsSettings) -> dict:
@@ -288,6 +293,24 @@ def corpus_delta(method_hyps: list[str], base_hyps: list[str], references: list[
                              float(dif.std(ddof=1)), est["note"],
                              np.quantile(boot[1], q), np.quantile(boot[0], q)),
                      "sacrebleu_mean": sys_r.mean, "sacrebleu_ci": sys_r.ci}
+    return out
+
+
+def corpus_ci(hyps: list[str], references: list[str], settings: StatsSettings) -> dict[str, dict]:
+    """Corpus BLEU and chrF of one system with percentile CIs over sacrebleu's own bootstrap resamples
+    (``_bootstrap_resample``, the function behind ``corpus_score(n_bootstrap=...)``; sacrebleu's seed)."""
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import _bootstrap_resample
+
+    n, out = len(hyps), {}
+    for name, metric in (("bleu", BLEU()), ("chrf", CHRF())):
+        point = metric.corpus_score(list(hyps), [list(references)]).score if n else None
+        if _few(n):
+            out[name] = _estimate(point, n, settings, "sacrebleu bootstrap", note=_few(n))
+            continue
+        stats = metric._extract_corpus_statistics(list(hyps), [list(references)])
+        boot = np.array([s.score for s in _bootstrap_resample(stats, metric, settings.n_boot)[1]])
+        out[name] = _percentile(boot, point, n, settings, "sacrebleu bootstrap")
     return out
 
 

@@ -67,18 +67,42 @@ def quality_tests(recs: list[dict], base_recs: list[dict], metrics, settings: S.
     return out
 
 
+def quality_cis(recs: list[dict], metrics, settings: S.StatsSettings, references: dict | None = None) -> dict:
+    """The run's own CI of each metric PAIRED_METRICS knows: Wilson for binary scores, bootstrap for
+    means, sacrebleu's bootstrap for BLEU / chrF (needs ``references``)."""
+    out, corpus = {}, [m for m in metrics if PAIRED_METRICS.get(m, ("",))[0] == "corpus"]
+    for m in metrics:
+        kind, get = PAIRED_METRICS.get(m, (None, None))
+        vals = [get(r["score"] or {}) for r in recs]
+        vals = [v for v in vals if v is not None]
+        if kind == "binary":
+            out[m] = S.proportion_ci(int(sum(vals)), len(vals), settings)
+        elif kind == "mean":
+            out[m] = S.mean_ci(vals, settings)
+    if corpus:
+        use = [(r["score"]["hypothesis"], r["id"]) for r in recs if "hypothesis" in (r["score"] or {})]
+        if references is None or any(i not in references for _, i in use):
+            res = {m: {**S.no_test(len(use), "needs the references: re-summarize the run", settings),
+                       "value": None} for m in corpus}
+        else:
+            res = S.corpus_ci([h for h, _ in use], [references[i] for _, i in use], settings)
+        out.update({m: res[m] for m in corpus})
+    return out
+
+
 def run_stats(recs: list[dict], ar_recs: list[dict] | None = None, sd_recs: list[dict] | None = None,
               settings: S.StatsSettings | None = None, metrics=(), references: dict | None = None,
               fidelity: dict | None = None) -> dict:
-    """The ``stats`` block of summary.json: CIs of tau, tokens/s, speedup vs ar (paired), fidelity to ar;
-    paired quality tests vs ar and vs sd (None when that run is absent)."""
+    """The ``stats`` block of summary.json: CIs of tau, tokens/s, speedup vs ar (paired), fidelity to ar,
+    each quality metric; paired quality tests vs ar and vs sd (None when that run is absent)."""
     settings = settings or S.StatsSettings()
     col = lambda rs, k: [r[k] for r in rs]  # noqa: E731
     out = {"settings": settings.as_dict(),
            "tau": S.ratio_ci(col(recs, "new_tokens"), col(recs, "steps"), settings),
            "tokens_per_s": S.ratio_ci(col(recs, "new_tokens"), col(recs, "wall_s"), settings),
-           "speedup": None, "fidelity": None, "quality_vs_ar": None, "quality_vs_sd": None}
+           "speedup": None, "fidelity": None, "quality": None, "quality_vs_ar": None, "quality_vs_sd": None}
     metrics = [m for m in metrics if m in PAIRED_METRICS]
+    out["quality"] = quality_cis(recs, metrics, settings, references)
     if ar_recs is not None:
         ar = {r["id"]: r for r in ar_recs}
         both = [r for r in recs if r["id"] in ar]
