@@ -323,7 +323,10 @@ def reading(t: dict | None, direction: str = "higher") -> str | None:
         return f"{'loss' if worse else 'gain'} of {abs(t['delta']):.3g} (p = {t['p_value']:.3g}, n = {t['n']})"
     if t.get("mde") is not None:
         return f"no loss larger than {t['mde']:.3g} at n = {t['n']}"
-    return f"not tested at n = {t['n']}" + (f": {t['note']}" if t.get("note") else "")
+    note = f": {t['note']}" if t.get("note") else ""
+    if t.get("p_value") is not None:
+        return f"inconclusive at n = {t['n']} (p = {t['p_value']:.3g}){note}"
+    return f"not tested at n = {t['n']}{note}"
 
 
 def no_test(n: int, note: str, settings: StatsSettings, test: str = "none") -> dict:

@@ -75,6 +75,28 @@ def _scalars(prefix: str, d: dict | None) -> dict:
     return out
 
 
+def _flat(prefix: str, d) -> dict:
+    """Numbers of a nested dict as ``prefix/key/subkey`` (e.g. stats/speedup/lo, stats/quality_vs_ar/bleu/p_value)."""
+    if isinstance(d, dict):
+        return {k: v for key, sub in d.items() for k, v in _flat(f"{prefix}/{key}", sub).items()}
+    if isinstance(d, bool):
+        return {prefix: int(d)}
+    return {prefix: d} if isinstance(d, (int, float)) else {}
+
+
+def summary_values(summary: dict) -> dict:
+    """The scalars of summary.json that the tracker mirrors: totals, quality, speedup, fidelity, every
+    interval and test of ``stats`` (value / lo / hi / p_value / mde / n) and the stop-reason shares."""
+    values = {**_scalars("totals", summary.get("totals")), **_scalars("quality", summary.get("quality")),
+              **_scalars("speedup", summary.get("speedup")),
+              **_scalars("fidelity", (summary.get("fidelity") or {}).get("aggregate")),
+              **_flat("stats", {k: v for k, v in (summary.get("stats") or {}).items() if k != "settings"}),
+              **_scalars("stop_reasons", summary.get("stop_reasons"))}
+    for i, a in enumerate((summary.get("totals") or {}).get("acceptance_per_depth") or []):
+        values[f"totals/acceptance_depth_{i + 1}"] = a
+    return values
+
+
 class WandbLogger:
     def __init__(self, logger_cfg: Any, run_dir: Path, cfg: Any = None):
         try:
@@ -113,12 +135,7 @@ class WandbLogger:
         self.run.log({k: v for k, v in row.items() if v is not None})
 
     def log_summary(self, summary: dict, figures=None) -> None:
-        values = {**_scalars("totals", summary.get("totals")), **_scalars("quality", summary.get("quality")),
-                  **_scalars("speedup", summary.get("speedup")),
-                  **_scalars("fidelity", (summary.get("fidelity") or {}).get("aggregate"))}
-        for i, a in enumerate((summary.get("totals") or {}).get("acceptance_per_depth") or []):
-            values[f"totals/acceptance_depth_{i + 1}"] = a
-        self.run.summary.update(values)
+        self.run.summary.update(summary_values(summary))
         if figures is None:
             try:
                 from .report import run_figures

@@ -313,7 +313,7 @@ def quality_table(runs: list[Run]) -> Table:
               "baseline's, with its 95% CI; p = McNemar exact (binary scores; CI: Newcombe paired score "
               "interval), sacrebleu paired bootstrap (BLEU, chrF) or paired bootstrap (judge scores); MDE = "
               "the smallest difference this n detects at 80% power and 5% level. A result without significance "
-              "reads 'no loss larger than MDE at n', never 'lossless'. " + R.TAU_DEFINITION + ".",
+              "reads 'no loss larger than MDE at n', never 'lossless'.",
               [("model", "model pair", ""), ("task", "task", ""), ("settings", "settings", ""),
                ("label", "method", ""), ("metric", "metric", ""), ("vs", "vs", ""), ("n_pairs", "n", "d"),
                ("value", "value", ".3f[]"), ("base", "baseline", ".3f[]"), ("delta", "Δ", ".3f[]"),
