@@ -174,3 +174,47 @@ def test_settings_defaults_and_bad_values():
                         ({"nboot": 1}, "unknown key stats.nboot")):
         with pytest.raises(ValueError, match=needle):
             S.StatsSettings.from_cfg(OmegaConf.create({"stats": bad}))
+
+
+def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
+    """model=tiny through the Hydra entry's run(): summary.json carries lo / hi / p_value / mde / n, the sd
+    comparison (sd_dir) and stop-reason shares; W&B gets them; the report prints them without recomputing."""
+    from mars_bench import run as R
+    from mars_bench.report import all_tables, load_runs
+    from mars_bench.summary import summarize_run
+    from mars_bench.wandb_logger import summary_values
+
+    from .test_cli import tiny_cfg
+
+    extra = ("task=gsm8k", "limit=4", "max_new_tokens=12", "method.theta=0.6", "+stats.n_boot=500")
+    for m in ("ar", "sd", "mars"):
+        R.run(tiny_cfg(tmp_path, f"method={m}", *extra))
+    cfg = tiny_cfg(tmp_path, "method=mars", *extra)
+    task, samples, data_dir, max_new, task_dir = R.prepare(cfg)
+    cfg_sd = tiny_cfg(tmp_path, "method=sd", *extra)
+    s = summarize_run(task_dir / R.run_tag(cfg, max_new), task, samples, cfg, data_dir,
+                      ar_dir=task_dir / R.ar_tag(cfg, max_new), sd_dir=task_dir / R.run_tag(cfg_sd, max_new))
+    on_disk = json.loads((task_dir / R.run_tag(cfg, max_new) / "summary.json").read_text())
+    st = on_disk["stats"]
+    assert st["settings"]["n_boot"] == 500                       # cfg.stats reached the module
+    for key in ("tau", "tokens_per_s", "speedup"):
+        assert {"value", "lo", "hi", "n", "note"} <= set(st[key]) and st[key]["n"] == 4
+    assert st["speedup"]["value"] == pytest.approx(on_disk["speedup"]["speedup"])
+    for vs in ("quality_vs_ar", "quality_vs_sd"):
+        for metric in ("accuracy_strict", "accuracy_flexible"):
+            t = st[vs][metric]
+            assert {"delta", "lo", "hi", "p_value", "mde", "n"} <= set(t) and t["n"] == 4
+    assert on_disk["sd_run_dir"].endswith(R.run_tag(cfg_sd, max_new))
+    shares = on_disk["stop_reasons"]
+    assert shares["n"] == 4 and sum(shares[k] for k in ("max_new_tokens", "eos", "stop_string")) == pytest.approx(1)
+    json.dumps(on_disk, allow_nan=False)
+    values = summary_values(s)
+    assert values["stats/speedup/lo"] == st["speedup"]["lo"] and "stats/quality_vs_ar/accuracy_strict/p_value" in values
+    (mars,) = [r for r in load_runs(tmp_path) if r.method == "mars"]
+    assert mars.stats == st and not any("computed from samples" in n for n in mars.notes)   # read, not redone
+    main = {row["label"]: row for row in all_tables([mars] + [r for r in load_runs(tmp_path) if r.method != "mars"])
+            ["main"].rows}
+    row = main[mars.label]
+    assert (row["speedup_lo"], row["speedup_hi"]) == (st["speedup"]["lo"], st["speedup"]["hi"])
+    assert row["p_d_ar"] == st["quality_vs_ar"]["accuracy_strict"]["p_value"]
+    assert row["truncated"] == pytest.approx(100 * shares["max_new_tokens"])
