@@ -8,6 +8,7 @@ Every expected number below is derived by hand from the records (arithmetic in t
 """
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import math
@@ -272,3 +273,27 @@ def test_parse_run_tags():
     t = parse_tag("sd_tree-d4-w4-t16-T0-p1-n64-s0")        # knobs of methods the report does not know
     assert (t["method"], t["k"], t["theta"], t["flags"]) == ("sd_tree", None, None, ("d4", "w4", "t16"))
     assert parse_tag("report") is None and parse_tag("multirun") is None
+
+
+def test_theta_figure_marks_significant_thetas_and_draws_error_bars(runs):
+    from matplotlib.container import ErrorbarContainer
+
+    from mars_bench.report.figures import speedup_tau, theta_sensitivity
+
+    group = [copy.deepcopy(r) for r in runs.values()]
+    m9 = next(r for r in group if r.tag == "mars-k2-th0.9-T0-p1-n8-s0")
+    m9.quality["accuracy_strict"] = 1 / 3                         # make the stored quality match the samples
+    fig = theta_sensitivity(group)
+    labels = [lab for ax in fig.axes for lab in ax.get_legend_handles_labels()[1]]
+    assert not any("differs from ar" in lab for lab in labels)   # p = 1 everywhere in the fixture
+    m9.stats["quality_vs_ar"]["accuracy_strict"]["p_value"] = 0.01
+    fig = theta_sensitivity(group)
+    a3 = fig.axes[2]
+    assert "differs from ar (p < 0.05, paired test)" in a3.get_legend_handles_labels()[1]
+    bars = [c for c in a3.containers if isinstance(c, ErrorbarContainer)]
+    assert bars and any(len(seg.get_segments()) for c in bars for seg in c.lines[2])   # quality CI drawn
+    top = speedup_tau(group).axes[0]
+    (eb,) = [c for c in top.containers if isinstance(c, ErrorbarContainer)]
+    segs = eb.lines[2][0].get_segments()                          # one per run: ar (zero length), sd, mars...
+    sd = [s for s in segs if abs(s[0][0] - 1) < 1e-9][0]
+    assert (sd[0][1], sd[1][1]) == pytest.approx((4 / 3, 2.0))   # sd's paired-bootstrap interval

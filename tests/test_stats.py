@@ -218,3 +218,27 @@ def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
     assert (row["speedup_lo"], row["speedup_hi"]) == (st["speedup"]["lo"], st["speedup"]["hi"])
     assert row["p_d_ar"] == st["quality_vs_ar"]["accuracy_strict"]["p_value"]
     assert row["truncated"] == pytest.approx(100 * shares["max_new_tokens"])
+
+
+def test_one_sample_runs_render_notes_not_nan(tmp_path):
+    """A results tree with one sample per run (q0 of the report fixture, no summaries): no interval, a
+    clear note, and no 'nan' anywhere in the tables."""
+    from pathlib import Path
+
+    from mars_bench.report import all_tables, load_runs
+
+    fix = Path(__file__).parent / "fixtures" / "results" / "worker0" / "toy-pair_fp32_cpu" / "gsm8k-v1"
+    for tag in ("ar-T0-p1-n8-s0", "sd-k2-T0-p1-n8-s0"):
+        (tmp_path / "r" / "m_fp32_cpu" / "gsm8k-v1" / tag).mkdir(parents=True)
+        first = (fix / tag / "samples.jsonl").read_text().splitlines()[0]
+        (tmp_path / "r" / "m_fp32_cpu" / "gsm8k-v1" / tag / "samples.jsonl").write_text(first + "\n")
+    sd = next(r for r in load_runs(tmp_path / "r") if r.method == "sd")
+    assert sd.stats["speedup"]["note"] == "n = 1: one sample, no interval" and sd.stats["speedup"]["lo"] is None
+    tables = all_tables(load_runs(tmp_path / "r"))
+    row = next(r for r in tables["main"].rows if r["label"] == "sd k=2")
+    assert tables["main"].cell(row, "speedup", ".2f[]") == "2.00"          # (8/2) / (8/4), no interval
+    for t in tables.values():
+        for text in (t.to_markdown(), t.to_csv(), t.to_latex()):
+            assert "nan" not in text.lower()
+    q = [r for r in tables["quality"].rows if r["label"] == "sd k=2"]
+    assert q and all(r["note"] == "n = 1: one sample, no interval" and r["delta_lo"] is None for r in q)

@@ -300,7 +300,7 @@ def _sd_sibling(run: Run, runs: list[Run]) -> Run | None:
 def _attach_stats(run: Run, ar: Run | None, sd: Run | None) -> None:
     """Run.stats / Run.stop_reasons from summary.json when current, else (parts) from samples."""
     from .. import stats as S
-    from ..summary import quality_tests, run_stats, stop_reasons
+    from ..summary import PAIRED_METRICS, quality_tests, run_stats, stop_reasons
 
     s = run.summary or {}
     stored = s.get("stats")
@@ -314,7 +314,9 @@ def _attach_stats(run: Run, ar: Run | None, sd: Run | None) -> None:
         if stored is None:
             run.notes.append("no intervals: summary.json has none and there are no samples")
         return
-    metrics = list(run.quality) or list(run.metric_directions)
+    metrics = list(run.quality) or list(run.metric_directions) or [   # no summary anywhere: what the scores hold
+        m for m, (kind, get) in PAIRED_METRICS.items() if kind != "corpus"
+        and any(get(r.get("score") or {}) is not None for r in run.records)]
     n_ar = sum(r["id"] in {x["id"] for x in ar.records} for r in run.records) if ar and ar.records else 0
     if not fresh:
         run.stats = run_stats(run.records, ar.records if ar and ar.records else None,

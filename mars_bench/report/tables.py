@@ -99,7 +99,8 @@ class Table:
 
 _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
         "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "θ": r"$\theta$", "τ": r"$\tau$",
-        "↑": r"$\uparrow$", "↓": r"$\downarrow$", "×": r"$\times$", "≤": r"$\le$", "–": "--", "→": r"$\to$"}
+        "↑": r"$\uparrow$", "↓": r"$\downarrow$", "×": r"$\times$", "≤": r"$\le$", "–": "--", "→": r"$\to$",
+        "Δ": r"$\Delta$", "<": r"$<$", ">": r"$>$", "⚠": r"(!)"}
 
 
 def tex(s: str) -> str:
