@@ -10,8 +10,10 @@ Biases: wandb is imported only then, mode ``offline`` by default (files under ``
 later with ``wandb sync``), one W&B run per mars-bench run, named by its run tag. Runs are grouped by
 sweep: ``$WANDB_RUN_GROUP`` when set, else ``<sweep>/<model dir>/<task dir>/<settings>`` where <sweep> is
 the chosen ``sweep`` or ``experiment`` config (``multirun`` / ``run`` otherwise), so every method and
-theta of one sweep over the same settings lands in one group. The results files stay the record;
-the tracker only mirrors them.
+theta of one sweep over the same settings lands in one group. The run summary mirrors summary.json's
+numbers (``summary_values``), every interval and test included (``stats/speedup/lo``,
+``stats/quality_vs_ar/<metric>/p_value``, ...), read from the summary, never recomputed. The results files
+stay the record; the tracker only mirrors them.
 """
 from __future__ import annotations
 

@@ -224,7 +224,8 @@ def fidelity_vs_theta(group: list[Run], theta: float = DEFAULT_THETA) -> Figure 
             ("median_first_divergence", "median first divergence (token index)"),
             ("mean_chrf_to_ar", "mean chrF of output vs ar (0-100)")]
     for ax, (key, ylabel) in zip(axes, keys):
-        _panel(ax, series, refs, lambda r, key=key: ((r.fidelity or {}).get("aggregate") or {}).get(key))
+        _panel(ax, series, refs, lambda r, key=key: ((r.fidelity or {}).get("aggregate") or {}).get(key),
+               ci=lambda r, key=key: _fidelity_ci(r, key))
         _mark_default(ax, theta)
         ax.set_xlabel("θ (relax when r = z2/z1 > θ)")
         ax.set_ylabel(ylabel)
@@ -235,6 +236,13 @@ def fidelity_vs_theta(group: list[Run], theta: float = DEFAULT_THETA) -> Figure 
     first = series[0][1][0]
     _suptitle(fig, f"Fidelity to ar vs θ (n={first.fidelity['aggregate'].get('n')} samples compared)", first)
     return fig
+
+
+def _fidelity_ci(run: Run, key: str) -> tuple[float, float] | None:
+    """Stored 95% CI of a fidelity aggregate (identical share, mean chrF to ar) over the same samples."""
+    est = (((run.stats or {}).get("fidelity") or {}).get(key)) or {}
+    same = est.get("n") == ((run.fidelity or {}).get("aggregate") or {}).get("n")
+    return (est["lo"], est["hi"]) if same and est.get("lo") is not None and est.get("hi") is not None else None
 
 
 def acceptance_by_depth(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:

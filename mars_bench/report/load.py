@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Iterable
 
@@ -304,7 +304,8 @@ def _attach_stats(run: Run, ar: Run | None, sd: Run | None) -> None:
 
     s = run.summary or {}
     stored = s.get("stats")
-    settings = S.StatsSettings(**(stored or {}).get("settings", {})) if stored else S.StatsSettings()
+    known = {f.name for f in fields(S.StatsSettings)}
+    settings = S.StatsSettings(**{k: v for k, v in ((stored or {}).get("settings") or {}).items() if k in known})
     run.sd_tag = sd.tag if sd is not None else None
     fresh = stored is not None and (stored.get("tau") or {}).get("n") == run.n_samples
     run.stop_reasons = s.get("stop_reasons") if s.get("stop_reasons") and fresh else (
