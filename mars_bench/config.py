@@ -11,6 +11,7 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any, Optional
 
 from .decode.rules import RULES
+from .stats import StatsSettings
 from .decode.tree.build import TreeSpec
 from .decode.types import CHAIN, DEFAULT_K, DRAFT_MODEL, METHOD_NAMES, TREE, DecodeConfig, Method, resolve
 
@@ -103,6 +104,7 @@ class Config:
     data_dir: str = "../shared/data"  # benchmark data (env MARS_BENCH_DATA_DIR wins)
     results_dir: str = "results"    # where runs are written
     progress: bool = True           # progress bars
+    stats: StatsSettings = field(default_factory=StatsSettings)  # intervals and tests (mars_bench/stats.py)
     compare: Any = field(default_factory=list)  # interleaved methods: a list of override lists (conf/compare/)
 
 
@@ -186,6 +188,10 @@ def validate(cfg: Any) -> None:
     if not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p={cfg.top_p!r}; allowed: a number in (0, 1]")
     _one_of("logger.name", cfg.logger.name, ("none", "wandb"))
+    try:
+        StatsSettings.from_cfg(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def rule_settings(cfg: Any, rule_name: str) -> dict:

@@ -10,8 +10,10 @@ Biases: wandb is imported only then, mode ``offline`` by default (files under ``
 later with ``wandb sync``), one W&B run per mars-bench run, named by its run tag. Runs are grouped by
 sweep: ``$WANDB_RUN_GROUP`` when set, else ``<sweep>/<model dir>/<task dir>/<settings>`` where <sweep> is
 the chosen ``sweep`` or ``experiment`` config (``multirun`` / ``run`` otherwise), so every method and
-theta of one sweep over the same settings lands in one group. The results files stay the record;
-the tracker only mirrors them.
+theta of one sweep over the same settings lands in one group. The run summary mirrors summary.json's
+numbers (``summary_values``), every interval and test included (``stats/speedup/lo``,
+``stats/quality_vs_ar/<metric>/p_value``, ...), read from the summary, never recomputed. The results files
+stay the record; the tracker only mirrors them.
 """
 from __future__ import annotations
 
@@ -75,6 +77,28 @@ def _scalars(prefix: str, d: dict | None) -> dict:
     return out
 
 
+def _flat(prefix: str, d) -> dict:
+    """Numbers of a nested dict as ``prefix/key/subkey`` (e.g. stats/speedup/lo, stats/quality_vs_ar/bleu/p_value)."""
+    if isinstance(d, dict):
+        return {k: v for key, sub in d.items() for k, v in _flat(f"{prefix}/{key}", sub).items()}
+    if isinstance(d, bool):
+        return {prefix: int(d)}
+    return {prefix: d} if isinstance(d, (int, float)) else {}
+
+
+def summary_values(summary: dict) -> dict:
+    """The scalars of summary.json that the tracker mirrors: totals, quality, speedup, fidelity, every
+    interval and test of ``stats`` (value / lo / hi / p_value / mde / n) and the stop-reason shares."""
+    values = {**_scalars("totals", summary.get("totals")), **_scalars("quality", summary.get("quality")),
+              **_scalars("speedup", summary.get("speedup")),
+              **_scalars("fidelity", (summary.get("fidelity") or {}).get("aggregate")),
+              **_flat("stats", {k: v for k, v in (summary.get("stats") or {}).items() if k != "settings"}),
+              **_scalars("stop_reasons", summary.get("stop_reasons"))}
+    for i, a in enumerate((summary.get("totals") or {}).get("acceptance_per_depth") or []):
+        values[f"totals/acceptance_depth_{i + 1}"] = a
+    return values
+
+
 class WandbLogger:
     def __init__(self, logger_cfg: Any, run_dir: Path, cfg: Any = None):
         try:
@@ -113,12 +137,7 @@ class WandbLogger:
         self.run.log({k: v for k, v in row.items() if v is not None})
 
     def log_summary(self, summary: dict, figures=None) -> None:
-        values = {**_scalars("totals", summary.get("totals")), **_scalars("quality", summary.get("quality")),
-                  **_scalars("speedup", summary.get("speedup")),
-                  **_scalars("fidelity", (summary.get("fidelity") or {}).get("aggregate"))}
-        for i, a in enumerate((summary.get("totals") or {}).get("acceptance_per_depth") or []):
-            values[f"totals/acceptance_depth_{i + 1}"] = a
-        self.run.summary.update(values)
+        self.run.summary.update(summary_values(summary))
         if figures is None:
             try:
                 from .report import run_figures

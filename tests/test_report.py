@@ -8,8 +8,10 @@ Every expected number below is derived by hand from the records (arithmetic in t
 """
 from __future__ import annotations
 
+import copy
 import csv
 import io
+import math
 import os
 import shutil
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from mars_bench import records as R
+from mars_bench import stats as S
 from mars_bench.report import all_tables, load_runs, main, make_figures, problems
 from mars_bench.report.logits import r_values
 
@@ -46,7 +49,14 @@ def test_ar_numbers(runs):
     assert ar.totals["new_tokens"] == 22 and ar.totals["tokens_per_s"] == pytest.approx(2.2)
     assert ar.totals["tau"] == pytest.approx(1.0)
     assert ar.quality["accuracy_strict"] == pytest.approx(2 / 3)   # q0, q1 correct, q2 not (summary)
-    assert ar.notes == []                                          # summary covers all 3 samples
+    # the summary covers all 3 samples; it predates intervals, so the report computes them from samples
+    assert ar.notes == ["intervals and tests computed from samples.jsonl by the report (summary.json has none)"]
+    # tokens/s per sample 2, 3, 2: a resample of only q1 (prob 1/27 > 2.5%) gives 3, one without q1
+    # (prob 8/27) gives 2 -> the 95% percentile interval is [2, 3]
+    assert (ar.stats["tokens_per_s"]["lo"], ar.stats["tokens_per_s"]["hi"]) == pytest.approx((2.0, 3.0))
+    assert ar.stats["tau"]["lo"] is None and "same in every resample" in ar.stats["tau"]["note"]   # tau = 1
+    assert ar.stats["speedup"] is None and ar.stats["quality_vs_ar"] is None
+    assert ar.stop_reasons == {"max_new_tokens": 1.0, "eos": 0.0, "stop_string": 0.0, "n": 3}   # all cut at 8
 
 
 def test_sd_speedup_recomputed_from_samples(runs):
@@ -57,6 +67,13 @@ def test_sd_speedup_recomputed_from_samples(runs):
     # per sample: q0 (8/2)/(8/4) = 2, q1 (6/1.5)/(6/2) = 4/3, q2 (8/2)/(8/4) = 2 -> mean 16/9 = 1.7778
     assert sd.speedup["speedup_mean_ratio"] == pytest.approx(16 / 9)
     assert sd.speedup["n_common"] == 3
+    # paired bootstrap: a resample of only q1 (prob 1/27) gives 4/3, one without q1 (prob 8/27) gives 2
+    sp = sd.stats["speedup"]
+    assert (sp["value"], sp["lo"], sp["hi"], sp["n"]) == pytest.approx((20 / 11, 4 / 3, 2.0, 3))
+    t = sd.stats["quality_vs_ar"]["accuracy_strict"]          # same answers as ar: no discordant pair
+    assert (t["delta"], t["p_value"], t["discordant"], t["n"]) == (0.0, 1.0, [0, 0], 3)
+    assert t["mde"] is None and "too small" in t["note"]      # n = 3 cannot see any difference in a share
+    assert sd.stats["quality_vs_sd"] is None and sd.sd_tag is None
     # steps 4 + 3 + 4 = 11 -> tau 22/11 = 2; accepted 4 + 3 + 4 = 11 of 8 + 6 + 8 = 22 proposed -> 0.5
     assert sd.totals["tau"] == pytest.approx(2.0) and sd.totals["acceptance_rate"] == pytest.approx(0.5)
     # depth 1: proposed in 4 + 3 + 4 = 11 steps, accepted where n_accepted >= 1: 3 + 3 + 4 = 10 -> 10/11
@@ -92,6 +109,12 @@ def test_mars_merged_totals_recomputed(runs):
     assert m9.quality["accuracy_strict"] == pytest.approx(0.5)
     assert any("summary.json covers 2 samples" in n for n in m9.notes)
     assert any("merged from 2" in n for n in m9.notes)
+    # speedup per sample 4, 2, 2: only q0 (prob 1/27) gives 4, no q0 (8/27) gives 2 -> [2, 4]
+    assert (m9.stats["speedup"]["lo"], m9.stats["speedup"]["hi"]) == pytest.approx((2.0, 4.0))
+    # strict answers: ar q0 q1 right; mars (3 records) q1 only -> discordant b = 0, c = 1: McNemar p = 1
+    t = m9.stats["quality_vs_ar"]["accuracy_strict"]
+    assert t["discordant"] == [0, 1] and t["delta"] == pytest.approx(-1 / 3) and t["p_value"] == 1.0
+    assert m9.sd_tag == "sd-k2-T0-p1-n8-s0" and m9.stats["quality_vs_sd"]["accuracy_strict"]["n"] == 3
 
 
 def test_corrupt_and_truncated_lines_reported_and_skipped(runs):
@@ -124,8 +147,24 @@ def test_tables_by_hand(runs):
     assert main_rows["mars θ=0.9 k=2"]["quality"] == pytest.approx(0.5)
     assert main_rows["mars θ=0.9 k=2"]["metric"] == "accuracy_strict ↑"   # first declared metric
     md = t["main"].to_markdown()
-    assert "| sd k=2 | 3 | 4.00 | 2.00 | 1.82 | 1.78 | 0.500 | accuracy_strict ↑ | 0.667 |" in md
-    assert "| mars θ=0.9 k=2 | 3 | 5.50 | 2.44 | 2.50 | 2.67 | 0.722 | accuracy_strict ↑ | 0.500 | ⚠" in md
+    from scipy.stats import binomtest, norm
+
+    w = binomtest(2, 3).proportion_ci(0.95, method="wilson")          # ar's and sd's 2 of 3
+    q = f"0.667 [{w.low:.3f}, {w.high:.3f}]"
+    nc = S.newcombe_paired(2, 0, 0, 1, 0.95)                             # sd vs ar: a=2 both right, d=1
+    assert (f"| sd k=2 | 3 | 4.00 | 2.00 | 1.82 [1.33, 2.00] | 1.78 | 0.500 | accuracy_strict ↑ | {q} | "
+            f"0.000 [{nc[0]:.3f}, {nc[1]:.3f}] | 1.000 | – | – | – | 100.0 | ⚠") in md
+    # mars θ=0.9: quality 0.500 is the stale summary's (2 samples): no interval; tests are over the 3 samples
+    nc = S.newcombe_paired(1, 0, 1, 1, 0.95)
+    mde = (norm.ppf(0.975) + norm.ppf(0.8)) * math.sqrt((1 / 3 - 1 / 9) / 3)   # b + c = 1 of n = 3
+    assert (f"| mars θ=0.9 k=2 | 3 | 5.50 [4.00, 8.00] | 2.44 [2.00, 3.00] | 2.50 [2.00, 4.00] | 2.67 | 0.722 | "
+            f"accuracy_strict ↑ | 0.500 | -0.333 [{nc[0]:.3f}, {nc[1]:.3f}] | 1.000 | {mde:.3f} |") in md
+    assert "stopped at max_new_tokens (> 5%)" in md                   # every fixture sample hit n = 8
+    qt = {(row["label"], row["metric"], row["vs"][:2]): row for row in t["quality"].rows}
+    assert set(qt) == {(m, k, v) for m in ("sd k=2", "mars θ=0.8 k=2", "mars θ=0.9 k=2")
+                       for k in ("accuracy_strict", "accuracy_flexible") for v in ("ar", "sd")
+                       if not (m == "sd k=2" and v == "sd")}
+    assert qt[("mars θ=0.9 k=2", "accuracy_strict", "ar")]["delta"] == pytest.approx(-1 / 3)
     theta_rows = {row["label"]: row for row in t["theta"].rows}
     assert list(theta_rows) == ["sd k=2", "mars θ=0.8 k=2", "mars θ=0.9 k=2"]
     # relaxed share = relaxed / accepted: th0.8 1 / (5 + 4) = 1/9; th0.9 2/13
@@ -137,11 +176,15 @@ def test_tables_by_hand(runs):
     acc = {row["label"]: row for row in t["acceptance"].rows}
     assert (acc["mars θ=0.8 k=2"]["d1"], acc["mars θ=0.8 k=2"]["d2"]) == pytest.approx((1.0, 4 / 5))
     for name, table in t.items():                                     # definitions cited once, in code
+        if name == "quality":                                         # neither tau nor speedup shown there
+            continue
         assert R.TAU_DEFINITION in table.caption, name
         if name != "acceptance":
             assert R.SPEEDUP_DEFINITION in table.caption, name
     rows = list(csv.DictReader(io.StringIO(t["main"].to_csv())))
     assert float(rows[2]["speedup_mean"]) == pytest.approx(8 / 3)
+    assert (float(rows[2]["speedup_lo"]), float(rows[2]["speedup_hi"])) == pytest.approx((2.0, 4.0))
+    assert float(rows[2]["p_d_ar"]) == 1.0 and rows[0]["speedup_lo"] == ""   # ar: speedup 1 by definition
     assert "truncated line" in rows[2]["notes"]
     tex = t["main"].to_latex()
     assert "\\caption{" in tex and "mars $\\theta$=0.9 k=2" in tex and "toy-pair\\_fp32\\_cpu" in tex
@@ -161,7 +204,7 @@ def test_cli_writes_tables_and_figures(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out.startswith("**Table 1.**") and "| mars θ=0.9 k=2 |" in out
     assert "mars-k2-th0.8-T0-p1-n8-s0/samples.jsonl:2:" in err and "truncated line" in err
-    for name in ("main", "theta", "fidelity", "acceptance"):
+    for name in ("main", "theta", "fidelity", "acceptance", "quality"):
         for ext in ("md", "csv", "tex"):
             assert (tmp_path / "rep" / "tables" / f"{name}.{ext}").stat().st_size > 0
     figs = sorted(p.name.split("__")[0] for p in (tmp_path / "rep" / "figures").glob("*.png"))
@@ -230,3 +273,27 @@ def test_parse_run_tags():
     t = parse_tag("sd_tree-d4-w4-t16-T0-p1-n64-s0")        # knobs of methods the report does not know
     assert (t["method"], t["k"], t["theta"], t["flags"]) == ("sd_tree", None, None, ("d4", "w4", "t16"))
     assert parse_tag("report") is None and parse_tag("multirun") is None
+
+
+def test_theta_figure_marks_significant_thetas_and_draws_error_bars(runs):
+    from matplotlib.container import ErrorbarContainer
+
+    from mars_bench.report.figures import speedup_tau, theta_sensitivity
+
+    group = [copy.deepcopy(r) for r in runs.values()]
+    m9 = next(r for r in group if r.tag == "mars-k2-th0.9-T0-p1-n8-s0")
+    m9.quality["accuracy_strict"] = 1 / 3                         # make the stored quality match the samples
+    fig = theta_sensitivity(group)
+    labels = [lab for ax in fig.axes for lab in ax.get_legend_handles_labels()[1]]
+    assert not any("differs from ar" in lab for lab in labels)   # p = 1 everywhere in the fixture
+    m9.stats["quality_vs_ar"]["accuracy_strict"]["p_value"] = 0.01
+    fig = theta_sensitivity(group)
+    a3 = fig.axes[2]
+    assert "differs from ar (p < 0.05, paired test)" in a3.get_legend_handles_labels()[1]
+    bars = [c for c in a3.containers if isinstance(c, ErrorbarContainer)]
+    assert bars and any(len(seg.get_segments()) for c in bars for seg in c.lines[2])   # quality CI drawn
+    top = speedup_tau(group).axes[0]
+    (eb,) = [c for c in top.containers if isinstance(c, ErrorbarContainer)]
+    segs = eb.lines[2][0].get_segments()                          # one per run: ar (zero length), sd, mars...
+    sd = [s for s in segs if abs(s[0][0] - 1) < 1e-9][0]
+    assert (sd[0][1], sd[1][1]) == pytest.approx((4 / 3, 2.0))   # sd's paired-bootstrap interval

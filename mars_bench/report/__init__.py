@@ -5,6 +5,8 @@
 prints the main table (markdown) to stdout and writes every table (``.md``, ``.csv``, ``.tex``) and figure
 (``.png``, ``.pdf``) to ``<first ROOT>/report/`` (or ``--out``), with ``report.md`` linking them all.
 Problems found while reading (corrupt or truncated sample lines) go to stderr and are marked in the tables.
+Every number with uncertainty is shown as ``value [lo, hi]`` (95% CI), quality deltas with their p-value,
+n and MDE, and runs with more than 5% of samples cut at max_new_tokens are flagged (``mars_bench.stats``).
 
 Python API (also used by notebooks/analysis.ipynb):
 

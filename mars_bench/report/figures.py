@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from .load import DEFAULT_THETA, Run, groups
 from .logits import logit_run, r_distribution, z1_histogram
-from .tables import ARROW, headline_metric
+from .tables import ARROW, headline_metric, quality_ci, quality_p
 
 COLORS = {"ar": "#7f7f7f", "sd": "#1f77b4", "mars": "#ff7f0e"}
 plt_rc = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9}
@@ -34,6 +34,24 @@ def _new(ncols: int, width: float = 5.0, height: float = 4.2) -> tuple[Figure, l
 
 def _suptitle(fig: Figure, what: str, run: Run) -> None:
     fig.suptitle(f"{what}\n{run.title}  ({run.settings_label})", fontsize=12)
+
+
+def _ci(run: Run, key: str) -> tuple[float, float] | None:
+    """The stored 95% CI of ``run.stats[key]`` (tau, tokens_per_s, speedup), None when there is none."""
+    est = (run.stats or {}).get(key) or {}
+    return (est["lo"], est["hi"]) if est.get("lo") is not None and est.get("hi") is not None else None
+
+
+def _yerr(values, cis) -> list[list[float]]:
+    """matplotlib's 2 x N asymmetric error bars; 0 where a value has no interval."""
+    lo = [v - c[0] if v is not None and c else 0.0 for v, c in zip(values, cis)]
+    hi = [c[1] - v if v is not None and c else 0.0 for v, c in zip(values, cis)]
+    return [lo, hi]
+
+
+def _n_label(runs: list[Run]) -> str:
+    ns = sorted({r.n_samples for r in runs})
+    return f"n = {ns[0]} samples" if len(ns) == 1 else f"n = {ns[0]}-{ns[-1]} samples"
 
 
 def _mark_default(ax, theta: float) -> None:
@@ -52,26 +70,31 @@ def speedup_tau(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None
     sp = [1.0 if r.method == "ar" else (r.speedup or {}).get("speedup") for r in runs]
     mean = [1.0 if r.method == "ar" else (r.speedup or {}).get("speedup_mean_ratio") for r in runs]
     tau = [r.totals.get("tau") for r in runs]
+    sp_ci = [None if r.method == "ar" else _ci(r, "speedup") for r in runs]
+    tau_ci = [_ci(r, "tau") for r in runs]
     a1.bar(x, [v or 0 for v in sp], color=colors, hatch=hatch, edgecolor="k", lw=0.6,
            label="ratio of total tokens/s (bar)")
+    a1.errorbar(x, [v or 0 for v in sp], yerr=_yerr(sp, sp_ci), fmt="none", ecolor="k", capsize=4, lw=1,
+                label="95% CI (paired bootstrap)")
     a1.scatter([i for i, v in zip(x, mean) if v is not None], [v for v in mean if v is not None], marker="D",
                color="k", zorder=3, s=22, label="mean of per-sample ratios (◆)")
     a1.axhline(1.0, color=COLORS["ar"], ls="--", lw=1, label="ar = 1×")
-    top = max([v or 0 for v in sp + mean] + [1.0])
-    for i, (v, m) in enumerate(zip(sp, mean)):
-        a1.annotate("n/a: no ar run" if v is None else f"{v:.2f}×", (i, max(v or 0, m or 0) + 0.03 * top),
-                    ha="center", va="bottom", fontsize=8)
+    top = max([v or 0 for v in sp + mean] + [c[1] for c in sp_ci if c] + [1.0])
+    for i, (v, m, c) in enumerate(zip(sp, mean, sp_ci)):
+        a1.annotate("n/a: no ar run" if v is None else f"{v:.2f}×", (i, max(v or 0, m or 0, c[1] if c else 0)
+                    + 0.03 * top), ha="center", va="bottom", fontsize=8)
     a1.set_ylim(0, top * 1.45)
     a1.set_ylabel("speedup over ar (×)")
     a1.set_title("speedup (same samples, same settings)")
     a2.bar(x, tau, color=colors, hatch=hatch, edgecolor="k", lw=0.6)
-    for i, v in enumerate(tau):
-        a2.annotate(f"{v:.2f}", (i, v), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+    a2.errorbar(x, tau, yerr=_yerr(tau, tau_ci), fmt="none", ecolor="k", capsize=4, lw=1)
+    for i, (v, c) in enumerate(zip(tau, tau_ci)):
+        a2.annotate(f"{v:.2f}", (i, c[1] if c else v), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
                     textcoords="offset points")
-    a2.set_ylim(0, max(tau) * 1.3)
+    a2.set_ylim(0, max([t for t in tau] + [c[1] for c in tau_ci if c]) * 1.3)
     a2.set_ylabel("τ (tokens per target forward)")
-    a2.set_title("τ = accepted drafts + 1, per verification step")
-    a2.set_xticks(x, [r.label for r in runs], rotation=30, ha="right")
+    a2.set_title("τ = accepted drafts + 1, per verification step (error bars: 95% CI)")
+    a2.set_xticks(x, [f"{r.label}\nn={r.n_samples}" for r in runs], rotation=30, ha="right")
     a2.set_xlabel("method")
     handles, labels = a1.get_legend_handles_labels()
     if any(hatch):
@@ -80,7 +103,7 @@ def speedup_tau(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None
         handles.append(Patch(facecolor=COLORS["mars"], hatch="//", edgecolor="k"))
         labels.append(f"mars at the default θ={theta:g}")
     a1.legend(handles, labels, loc="upper left", ncol=2)
-    _suptitle(fig, "Speedup and τ per method", runs[0])
+    _suptitle(fig, f"Speedup and τ per method ({_n_label(runs)}, error bars: 95% CI)", runs[0])
     return fig
 
 
@@ -102,18 +125,22 @@ def _theta_series(group: list[Run]) -> tuple[list[tuple[str, list[Run], str]], l
     return series, [(r.label, r, REF_PALETTE[i % len(REF_PALETTE)]) for i, r in enumerate(refs)]
 
 
-def _panel(ax, series, refs, value, annotate=None) -> None:
-    """One line per margin-aware family vs theta, one dashed line per lossless reference."""
+def _panel(ax, series, refs, value, annotate=None, ci=None) -> None:
+    """One line per margin-aware family vs theta, one dashed line per lossless reference; ``ci(run)``:
+    its 95% CI (error bars on the lines, a shaded band around a reference), None where it has none."""
+    ci = ci or (lambda r: None)
     for label, runs, color in series:
         ys = [value(r) for r in runs]
-        ax.plot([r.theta for r in runs], [float("nan") if y is None else y for y in ys], "o-", color=color,
-                label=label)
+        ax.errorbar([r.theta for r in runs], [float("nan") if y is None else y for y in ys],
+                    yerr=_yerr(ys, [ci(r) for r in runs]), fmt="o-", color=color, capsize=3, label=label)
         for r, y in zip(runs, ys):
             if annotate and y is not None:
                 ax.annotate(annotate(r), (r.theta, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     for label, r, color in refs:
         if value(r) is not None:
             ax.axhline(value(r), color=color, ls="--", lw=1.5, label=f"{label} (lossless)")
+            if ci(r):
+                ax.axhspan(*ci(r), color=color, alpha=0.12, lw=0)
 
 
 def theta_sensitivity(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:
@@ -122,14 +149,14 @@ def theta_sensitivity(group: list[Run], theta: float = DEFAULT_THETA) -> Figure 
         return None
     fig, (a1, a2, a3) = _new(3, width=4.6, height=4.6)
     th = [r.theta for _, runs, _ in series for r in runs]
-    _panel(a1, series, refs, lambda r: (r.speedup or {}).get("speedup"))
+    _panel(a1, series, refs, lambda r: (r.speedup or {}).get("speedup"), ci=lambda r: _ci(r, "speedup"))
     for label, runs, color in series:
         a1.plot([r.theta for r in runs], [(r.speedup or {}).get("speedup_mean_ratio") or float("nan") for r in runs],
                 "D:", color=color, ms=4, label=f"{label}: mean of per-sample speedups")
     a1.axhline(1.0, color=COLORS["ar"], ls="-.", lw=1, label="ar = 1×")
     a1.set_ylabel("speedup over ar (×)")
     a1.set_title("speedup vs θ")
-    _panel(a2, series, refs, lambda r: r.totals.get("tau"))
+    _panel(a2, series, refs, lambda r: r.totals.get("tau"), ci=lambda r: _ci(r, "tau"))
     a2.set_ylabel("τ (tokens per target forward)")
     a2.set_title("τ vs θ")
     first = series[0][1]
@@ -138,9 +165,19 @@ def theta_sensitivity(group: list[Run], theta: float = DEFAULT_THETA) -> Figure 
     if metric:
         arrow = ARROW.get(first[0].metric_directions.get(metric), "")
         _panel(a3, series, refs, lambda r: r.quality.get(metric),
-               annotate=lambda r: f"n={r.quality.get('n', r.n_samples)}")
+               annotate=lambda r: f"n={r.quality.get('n', r.n_samples)}", ci=lambda r: quality_ci(r, metric))
+        ar = next((r for r in group if r.method == "ar" and r.quality.get(metric) is not None), None)
+        if ar is not None:
+            a3.axhline(ar.quality[metric], color=COLORS["ar"], ls="-.", lw=1.5, label="ar (quality)")
+            if quality_ci(ar, metric):
+                a3.axhspan(*quality_ci(ar, metric), color=COLORS["ar"], alpha=0.12, lw=0)
+        sig = [(r.theta, r.quality[metric]) for _, runs, _ in series for r in runs
+               if r.quality.get(metric) is not None and (quality_p(r, metric) or 1.0) < 1 - _level(r)]
+        if sig:
+            a3.scatter(*zip(*sig), marker="*", s=160, color="#d62728", zorder=4,
+                       label="differs from ar (p < 0.05, paired test)")
         a3.set_ylabel(f"{metric} ({arrow} better)")
-        a3.set_title("quality vs θ (n = samples scored)")
+        a3.set_title("quality vs θ (n = samples scored; bars: 95% CI)")
     else:   # no quality metric (e.g. the prompts set): acceptance instead
         _panel(a3, series, refs, lambda r: r.totals.get("acceptance_rate"))
         a3.set_ylabel("acceptance rate (accepted / proposed drafts)")
@@ -150,8 +187,12 @@ def theta_sensitivity(group: list[Run], theta: float = DEFAULT_THETA) -> Figure 
         ax.set_xlabel("θ (relax when r = z2/z1 > θ)")
         ax.set_xlim(*_theta_limits(th, theta))
     _shared_legend(fig, (a1, a2, a3))
-    _suptitle(fig, "θ sensitivity of mars", first[0])
+    _suptitle(fig, f"θ sensitivity of mars ({_n_label(runs_all)}, error bars: 95% CI)", first[0])
     return fig
+
+
+def _level(run: Run) -> float:
+    return float(((run.stats or {}).get("settings") or {}).get("level", 0.95))
 
 
 def _theta_limits(th: list[float], theta: float) -> tuple[float, float]:
@@ -183,7 +224,8 @@ def fidelity_vs_theta(group: list[Run], theta: float = DEFAULT_THETA) -> Figure 
             ("median_first_divergence", "median first divergence (token index)"),
             ("mean_chrf_to_ar", "mean chrF of output vs ar (0-100)")]
     for ax, (key, ylabel) in zip(axes, keys):
-        _panel(ax, series, refs, lambda r, key=key: ((r.fidelity or {}).get("aggregate") or {}).get(key))
+        _panel(ax, series, refs, lambda r, key=key: ((r.fidelity or {}).get("aggregate") or {}).get(key),
+               ci=lambda r, key=key: _fidelity_ci(r, key))
         _mark_default(ax, theta)
         ax.set_xlabel("θ (relax when r = z2/z1 > θ)")
         ax.set_ylabel(ylabel)
@@ -194,6 +236,13 @@ def fidelity_vs_theta(group: list[Run], theta: float = DEFAULT_THETA) -> Figure 
     first = series[0][1][0]
     _suptitle(fig, f"Fidelity to ar vs θ (n={first.fidelity['aggregate'].get('n')} samples compared)", first)
     return fig
+
+
+def _fidelity_ci(run: Run, key: str) -> tuple[float, float] | None:
+    """Stored 95% CI of a fidelity aggregate (identical share, mean chrF to ar) over the same samples."""
+    est = (((run.stats or {}).get("fidelity") or {}).get(key)) or {}
+    same = est.get("n") == ((run.fidelity or {}).get("aggregate") or {}).get("n")
+    return (est["lo"], est["hi"]) if same and est.get("lo") is not None and est.get("hi") is not None else None
 
 
 def acceptance_by_depth(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:

@@ -10,12 +10,16 @@ with ``samples.jsonl`` (one record per finished sample), ``summary.json`` and ``
 * A corrupt or truncated line is reported as 'file:line: why' in ``Run.problems`` and skipped.
 * Speedup and fidelity are recomputed from samples (``records.speedup``, ``summary.fidelity_vs_ar``) when
   the summary lacks them or is stale and the matching ``ar-...`` sibling (same T, p, n, seed) exists.
+* Intervals and paired tests (``Run.stats``, see ``mars_bench.stats``) and stop-reason shares
+  (``Run.stop_reasons``) come from summary.json; where it has none or they are stale (old results, merged
+  workers) they are computed from samples with ``summary.run_stats`` and the run says so. BLEU / chrF need
+  the task's references, which results files do not hold: those stay untested, with a note.
 """
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Iterable
 
@@ -55,6 +59,9 @@ class Run:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     summary: dict | None = None
+    stats: dict | None = None           # summary.json "stats": CIs, paired tests vs ar / sd, MDEs
+    stop_reasons: dict | None = None    # share of samples per stop reason (max_new_tokens = truncated)
+    sd_tag: str | None = None           # the sd run compared with (mars runs whose sd sibling exists)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -163,6 +170,9 @@ def load_runs(roots: str | Path | Iterable[str | Path]) -> list[Run]:
     for r in runs:
         if r.method != "ar":
             _compare_with_ar(r, index.get((r.model_dir, r.task_dir, r.ar_tag)))
+    for r in runs:
+        ar = index.get((r.model_dir, r.task_dir, r.ar_tag)) if r.method != "ar" else None
+        _attach_stats(r, ar, _sd_sibling(r, runs))
     return sorted(runs, key=lambda r: r.sort_key)
 
 
@@ -271,3 +281,58 @@ def _compare_with_ar(run: Run, ar: Run | None) -> None:
     run.speedup = R.speedup(run.records, ar.records)
     run.fidelity = fidelity_vs_ar(run.records, ar.records)
     run.notes.append(f"speedup and fidelity recomputed from samples ({n_common} in common with ar)")
+
+
+# ---- intervals and tests -----------------------------------------------------------------------------
+MARS_ONLY_FLAGS = ("ratio", "margin")   # knobs of the mars rule: its sd sibling's tag has none of them
+
+
+def _sd_sibling(run: Run, runs: list[Run]) -> Run | None:
+    """The sd chain run a mars chain run is compared with: same settings and k, no theta, the same
+    other knobs (e.g. the draft's quantization) minus the mars-only ones."""
+    if run.method != "mars":
+        return None
+    flags = tuple(f for f in run.flags if f not in MARS_ONLY_FLAGS)
+    return next((x for x in runs if x.method == "sd" and x.settings == run.settings and x.k == run.k
+                 and x.flags == flags and x.records), None)
+
+
+def _attach_stats(run: Run, ar: Run | None, sd: Run | None) -> None:
+    """Run.stats / Run.stop_reasons from summary.json when current, else (parts) from samples."""
+    from .. import stats as S
+    from ..summary import PAIRED_METRICS, quality_tests, run_stats, stop_reasons
+
+    s = run.summary or {}
+    stored = s.get("stats")
+    known = {f.name for f in fields(S.StatsSettings)}
+    settings = S.StatsSettings(**{k: v for k, v in ((stored or {}).get("settings") or {}).items() if k in known})
+    run.sd_tag = sd.tag if sd is not None else None
+    fresh = stored is not None and (stored.get("tau") or {}).get("n") == run.n_samples
+    run.stop_reasons = s.get("stop_reasons") if s.get("stop_reasons") and fresh else (
+        stop_reasons(run.records) if run.records else None)
+    if not run.records:
+        run.stats = stored
+        if stored is None:
+            run.notes.append("no intervals: summary.json has none and there are no samples")
+        return
+    metrics = list(run.quality) or list(run.metric_directions) or [   # no summary anywhere: what the scores hold
+        m for m, (kind, get) in PAIRED_METRICS.items() if kind != "corpus"
+        and any(get(r.get("score") or {}) is not None for r in run.records)]
+    n_ar = sum(r["id"] in {x["id"] for x in ar.records} for r in run.records) if ar and ar.records else 0
+    if not fresh:
+        run.stats = run_stats(run.records, ar.records if ar and ar.records else None,
+                              sd.records if sd else None, settings, metrics, fidelity=run.fidelity)
+        run.notes.append("intervals and tests computed from samples.jsonl by the report"
+                         + (" (summary.json has none)" if stored is None else " (summary.json's are stale)"))
+        return
+    run.stats = dict(stored)
+    redone = []
+    if ar and ar.records and (stored.get("speedup") or {}).get("n") != n_ar:
+        fresh_ar = run_stats(run.records, ar.records, None, settings, metrics, fidelity=run.fidelity)
+        run.stats.update({k: fresh_ar[k] for k in ("speedup", "quality_vs_ar", "fidelity")})
+        redone.append("vs ar")
+    if sd is not None and stored.get("quality_vs_sd") is None:
+        run.stats["quality_vs_sd"] = quality_tests(run.records, sd.records, metrics, settings)
+        redone.append("vs sd")
+    if redone:
+        run.notes.append(f"tests {' and '.join(redone)} computed from samples.jsonl by the report")

@@ -4,8 +4,11 @@
     theta_table(runs)       quality, tau, acceptance and speedup vs theta (sd as the lossless reference)
     fidelity_table(runs)    agreement with ar outputs vs theta
     acceptance_table(runs)  acceptance rate per draft position (depth)
+    quality_table(runs)     every paired quality test vs ar and vs sd: delta [CI], p-value, MDE, n
 
-Captions cite the definitions of ``mars_bench.records`` (one source).
+Captions cite the definitions of ``mars_bench.records`` (one source). Intervals and tests come from
+``Run.stats`` (``mars_bench.stats``); a cell ``v [lo, hi]`` is the point value and its CI, a bare value
+has none (the quality table's note says why). CSV files carry ``lo`` / ``hi`` as ``<column>_lo`` / ``_hi``.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import io
 from dataclasses import dataclass, field
 
 from .. import records as R
+from .. import stats as S
+from ..summary import PAIRED_METRICS
 from .load import DEFAULT_THETA, Run, groups
 
 MEAN_RATIO_DEFINITION = ("speedup (mean) = mean over samples of (tokens/s of the method / tokens/s of ar "
@@ -21,6 +26,11 @@ MEAN_RATIO_DEFINITION = ("speedup (mean) = mean over samples of (tokens/s of the
 ACCEPTANCE_DEFINITION = ("acceptance rate at depth i = accepted drafts at depth i / verification steps "
                          "that proposed a draft at depth i")
 ARROW = {"higher": "↑", "lower": "↓"}
+TRUNCATION_LIMIT = 0.05   # a run whose share of samples cut at max_new_tokens exceeds this is flagged
+CI_DEFINITION = ("v [lo, hi] = value and its 95% CI (bootstrap over samples; speedup paired with ar on the "
+                 "same resampled samples); p = paired test vs ar (McNemar exact for binary scores, sacrebleu "
+                 "paired bootstrap for BLEU/chrF); MDE = smallest difference this n detects at 80% power, "
+                 "5% level; truncated = share of samples stopped at max_new_tokens")
 
 
 @dataclass
@@ -32,12 +42,21 @@ class Table:
     footnotes: list[str] = field(default_factory=list)
 
     def cell(self, row: dict, key: str, fmt: str) -> str:
+        """fmt '.2f[]': value and its interval from ``key_lo`` / ``key_hi``; 'p': a p-value."""
         v = row.get(key)
         if v is None or v == "":
             return "–"
+        if fmt == "p" and isinstance(v, (int, float)):
+            return "<0.001" if v < 0.001 else format(v, ".3f")
+        if fmt.endswith("[]") and isinstance(v, (int, float)) and not isinstance(v, bool):
+            lo, hi, f = row.get(key + "_lo"), row.get(key + "_hi"), fmt[:-2]
+            return format(v, f) + (f" [{format(lo, f)}, {format(hi, f)}]" if lo is not None and hi is not None else "")
         if fmt and isinstance(v, (int, float)) and not isinstance(v, bool):
             return format(v, fmt)
         return str(v)
+
+    def _csv_keys(self) -> list[str]:
+        return [x for k, _, f in self.columns for x in ([k, k + "_lo", k + "_hi"] if f.endswith("[]") else [k])]
 
     def to_markdown(self) -> str:
         head = [h for _, h, _ in self.columns]
@@ -53,9 +72,9 @@ class Table:
     def to_csv(self) -> str:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        w.writerow([k for k, _, _ in self.columns])
+        w.writerow(self._csv_keys())
         for row in self.rows:
-            w.writerow([self._csv_cell(row, k) for k, _, _ in self.columns])
+            w.writerow([self._csv_cell(row, k) for k in self._csv_keys()])
         return buf.getvalue()
 
     def _csv_cell(self, row: dict, key: str):
@@ -80,7 +99,8 @@ class Table:
 
 _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
         "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "θ": r"$\theta$", "τ": r"$\tau$",
-        "↑": r"$\uparrow$", "↓": r"$\downarrow$", "×": r"$\times$", "≤": r"$\le$", "–": "--", "→": r"$\to$"}
+        "↑": r"$\uparrow$", "↓": r"$\downarrow$", "×": r"$\times$", "≤": r"$\le$", "–": "--", "→": r"$\to$",
+        "Δ": r"$\Delta$", "<": r"$<$", ">": r"$>$", "⚠": r"(!)"}
 
 
 def tex(s: str) -> str:
@@ -94,11 +114,58 @@ def _notes(table: Table, run: Run) -> str:
     if run.problems:
         items.append(f"{len(run.problems)} problem(s) in {run.tag}: " + "; ".join(run.problems))
     items += [f"{run.tag}: {n}" for n in run.notes if not n.startswith("no speedup")]
+    cut = truncated_share(run)
+    if cut is not None and cut > TRUNCATION_LIMIT:
+        items.append(f"{run.tag}: {cut:.0%} of samples stopped at max_new_tokens (> {TRUNCATION_LIMIT:.0%}): "
+                     "its quality reflects the token budget")
     for text in items:
         if text not in table.footnotes:
             table.footnotes.append(text)
         marks.append(str(table.footnotes.index(text) + 1))
-    return ("⚠ " if run.problems else "") + ",".join(f"[{m}]" for m in marks)
+    warn = run.problems or (cut is not None and cut > TRUNCATION_LIMIT)
+    return ("⚠ " if warn else "") + ",".join(f"[{m}]" for m in marks)
+
+
+def truncated_share(run: Run) -> float | None:
+    return (run.stop_reasons or {}).get("max_new_tokens")
+
+
+def _put(row: dict, key: str, est: dict | None, value=None) -> dict:
+    """row[key] = the estimate's value (or ``value``), row[key_lo / key_hi] = its interval."""
+    est = est or {}
+    row[key] = est.get("value") if value is None else value
+    row[key + "_lo"], row[key + "_hi"] = est.get("lo"), est.get("hi")
+    return row
+
+
+def _test_cells(row: dict, key: str, t: dict | None) -> dict:
+    """Delta [CI], p-value and MDE of one paired test into ``key``, ``p_<key>``, ``mde_<key>``."""
+    t = t or {}
+    _put(row, key, {"value": t.get("delta"), "lo": t.get("lo"), "hi": t.get("hi")})
+    row["p_" + key], row["mde_" + key] = t.get("p_value"), t.get("mde")
+    return row
+
+
+def _quality_cells(row: dict, key: str, run: Run, metric: str) -> dict:
+    """The run's quality (the task's aggregate) with its CI where the CI is over the same samples."""
+    v, est = run.quality.get(metric), ((run.stats or {}).get("quality") or {}).get(metric)
+    same = est and est.get("value") is not None and v is not None and abs(est["value"] - v) <= 1e-9 * max(1, abs(v))
+    return _put(row, key, est if same else None, value=v)
+
+
+def quality_ci(run: Run, metric: str) -> tuple[float, float] | None:
+    """95% CI of the run's quality ``metric`` (None when not stored or not over the same samples)."""
+    row = _quality_cells({}, "q", run, metric)
+    return (row["q_lo"], row["q_hi"]) if row["q_lo"] is not None and row["q_hi"] is not None else None
+
+
+def quality_p(run: Run, metric: str) -> float | None:
+    """p-value of the paired test of ``metric`` against ar."""
+    return (_tests(run, "ar").get(metric) or {}).get("p_value")
+
+
+def _tests(run: Run, vs: str) -> dict:
+    return (run.stats or {}).get(f"quality_vs_{vs}") or {}
 
 
 def declared_order(run: Run) -> list[str]:
@@ -119,11 +186,15 @@ def headline_metric(run: Run) -> str | None:
 
 
 def _speed_cells(run: Run) -> dict:
-    sp = run.speedup or {}
-    return {"n": run.n_samples, "tau": run.totals.get("tau"), "acceptance": run.totals.get("acceptance_rate"),
-            "speedup": 1.0 if run.method == "ar" else sp.get("speedup"),
-            "speedup_mean": 1.0 if run.method == "ar" else sp.get("speedup_mean_ratio"),
-            "tokens_per_s": run.totals.get("tokens_per_s")}
+    sp, st = run.speedup or {}, run.stats or {}
+    cut = truncated_share(run)
+    row = {"n": run.n_samples, "acceptance": run.totals.get("acceptance_rate"),
+           "speedup_mean": 1.0 if run.method == "ar" else sp.get("speedup_mean_ratio"),
+           "truncated": None if cut is None else 100.0 * cut}
+    _put(row, "tau", st.get("tau"), run.totals.get("tau"))
+    _put(row, "tokens_per_s", st.get("tokens_per_s"), run.totals.get("tokens_per_s"))
+    return _put(row, "speedup", None if run.method == "ar" else st.get("speedup"),
+                1.0 if run.method == "ar" else sp.get("speedup"))
 
 
 def _base(run: Run) -> dict:
@@ -135,21 +206,28 @@ def main_table(runs: list[Run], theta: float = DEFAULT_THETA) -> Table:
     """Speedup and tau per task per method. mars at ``theta`` (all thetas where that one is missing)."""
     t = Table("Table 1", f"Speedup over ar and tau per task and method (mars at θ={theta:g}). {R.TAU_DEFINITION}. "
               f"{R.SPEEDUP_DEFINITION}. {MEAN_RATIO_DEFINITION}. Quality: the task's first declared metric "
-              "(↑ higher is better, ↓ lower).",
+              f"(↑ higher is better, ↓ lower); Δ = mars - ar (or - sd) on the same samples. {CI_DEFINITION}.",
               [("model", "model pair", ""), ("task", "task", ""), ("settings", "settings", ""),
-               ("label", "method", ""), ("n", "n", "d"), ("tokens_per_s", "tokens/s", ".2f"),
-               ("tau", "τ", ".2f"), ("speedup", "speedup (×)", ".2f"), ("speedup_mean", "speedup mean (×)", ".2f"),
-               ("acceptance", "accept. rate", ".3f"), ("metric", "quality metric", ""),
-               ("quality", "quality", ".3f"), ("notes", "notes", "")])
+               ("label", "method", ""), ("n", "n", "d"), ("tokens_per_s", "tokens/s", ".2f[]"),
+               ("tau", "τ", ".2f[]"), ("speedup", "speedup (×)", ".2f[]"),
+               ("speedup_mean", "speedup mean (×)", ".2f"), ("acceptance", "accept. rate", ".3f"),
+               ("metric", "quality metric", ""), ("quality", "quality", ".3f[]"),
+               ("d_ar", "Δ vs ar", ".3f[]"), ("p_d_ar", "p vs ar", "p"), ("mde_d_ar", "MDE", ".3f"),
+               ("d_sd", "Δ vs sd", ".3f[]"), ("p_d_sd", "p vs sd", "p"),
+               ("truncated", "truncated (%)", ".1f"), ("notes", "notes", "")])
     for group in groups(runs).values():
         has_main = {r.family for r in group if r.relaxed and r.theta == theta}
         for r in group:
             if r.relaxed and r.family in has_main and r.theta != theta:
                 continue
             m = headline_metric(r)
-            t.rows.append({**_base(r), **_speed_cells(r), "notes": _notes(t, r),
-                           "metric": f"{m} {ARROW.get(r.metric_directions.get(m), '')}".strip() if m else None,
-                           "quality": r.quality.get(m) if m else None})
+            row = {**_base(r), **_speed_cells(r), "notes": _notes(t, r),
+                   "metric": f"{m} {ARROW.get(r.metric_directions.get(m), '')}".strip() if m else None}
+            if m:
+                _quality_cells(row, "quality", r, m)
+                _test_cells(row, "d_ar", _tests(r, "ar").get(m))
+                _test_cells(row, "d_sd", _tests(r, "sd").get(m))
+            t.rows.append(row)
     return t
 
 
@@ -170,18 +248,24 @@ def theta_table(runs: list[Run]) -> Table:
     metrics = _metrics(chosen)
     t = Table("Table 2", "Theta sensitivity: mars at each θ and the lossless methods (sd, θ '–') on the same settings. "
               f"{R.TAU_DEFINITION}. {R.SPEEDUP_DEFINITION}. {MEAN_RATIO_DEFINITION}. relaxed share = relaxed "
-              "acceptances / all accepted drafts. ↑ higher is better, ↓ lower.",
+              f"acceptances / all accepted drafts. ↑ higher is better, ↓ lower. Δ = the method's quality - ar's "
+              f"on the same samples. {CI_DEFINITION}.",
               [("model", "model pair", ""), ("task", "task", ""), ("settings", "settings", ""),
-               ("label", "method", ""), ("theta", "θ", "g"), ("n", "n", "d"), ("tau", "τ", ".2f"),
+               ("label", "method", ""), ("theta", "θ", "g"), ("n", "n", "d"), ("tau", "τ", ".2f[]"),
                ("acceptance", "accept. rate", ".3f"), ("relaxed_share", "relaxed share", ".3f"),
-               ("speedup", "speedup (×)", ".2f"), ("speedup_mean", "speedup mean (×)", ".2f")]
-              + [(f"q:{m}", f"{m} {ARROW.get(directions.get(m), '')}".strip(), ".3f") for m in metrics]
-              + [("notes", "notes", "")])
+               ("speedup", "speedup (×)", ".2f[]"), ("speedup_mean", "speedup mean (×)", ".2f")]
+              + [c for m in metrics for c in [(f"q:{m}", f"{m} {ARROW.get(directions.get(m), '')}".strip(), ".3f[]")]
+                 + ([(f"d:{m}", f"Δ {m} vs ar", ".3f[]"), (f"p_d:{m}", "p", "p"), (f"mde_d:{m}", "MDE", ".3f")]
+                    if m in PAIRED_METRICS else [])]
+              + [("truncated", "truncated (%)", ".1f"), ("notes", "notes", "")])
     for r in chosen:
         acc = r.totals.get("n_accepted") or 0
-        t.rows.append({**_base(r), **_speed_cells(r), "notes": _notes(t, r),
-                       "relaxed_share": (r.totals.get("n_relaxed") or 0) / acc if acc else None,
-                       **{f"q:{m}": r.quality.get(m) for m in metrics}})
+        row = {**_base(r), **_speed_cells(r), "notes": _notes(t, r),
+               "relaxed_share": (r.totals.get("n_relaxed") or 0) / acc if acc else None}
+        for m in metrics:
+            _quality_cells(row, f"q:{m}", r, m)
+            _test_cells(row, f"d:{m}", _tests(r, "ar").get(m))
+        t.rows.append(row)
     return t
 
 
@@ -192,18 +276,21 @@ def fidelity_table(runs: list[Run]) -> Table:
               f"{R.TAU_DEFINITION}. {R.SPEEDUP_DEFINITION}.",
               [("model", "model pair", ""), ("task", "task", ""), ("settings", "settings", ""),
                ("label", "method", ""), ("theta", "θ", "g"), ("n_compared", "n compared", "d"),
-               ("pct_identical", "identical to ar (%)", ".1f"),
+               ("pct_identical", "identical to ar (%)", ".1f[]"),
                ("median_first_divergence", "median first divergence (token)", "g"),
-               ("mean_chrf_to_ar", "mean chrF to ar", ".1f"), ("tau", "τ", ".2f"),
-               ("speedup", "speedup (×)", ".2f"), ("notes", "notes", "")])
+               ("mean_chrf_to_ar", "mean chrF to ar", ".1f[]"), ("tau", "τ", ".2f[]"),
+               ("speedup", "speedup (×)", ".2f[]"), ("notes", "notes", "")])
+    t.caption += (" [lo, hi]: 95% CI (Wilson score for the identical share, bootstrap over samples for chrF).")
     for r in runs:
         if r.method == "ar" or not r.fidelity:
             continue
-        agg = r.fidelity.get("aggregate") or {}
-        t.rows.append({**_base(r), **_speed_cells(r), "n_compared": agg.get("n"),
-                       "pct_identical": agg.get("pct_identical"),
-                       "median_first_divergence": agg.get("median_first_divergence"),
-                       "mean_chrf_to_ar": agg.get("mean_chrf_to_ar"), "notes": _notes(t, r)})
+        agg, fst = r.fidelity.get("aggregate") or {}, (r.stats or {}).get("fidelity") or {}
+        row = {**_base(r), **_speed_cells(r), "n_compared": agg.get("n"),
+               "median_first_divergence": agg.get("median_first_divergence"), "notes": _notes(t, r)}
+        for key in ("pct_identical", "mean_chrf_to_ar"):
+            est = fst.get(key) if (fst.get(key) or {}).get("n") == agg.get("n") else None
+            _put(row, key, est, agg.get(key))
+        t.rows.append(row)
     return t
 
 
@@ -221,9 +308,36 @@ def acceptance_table(runs: list[Run]) -> Table:
     return t
 
 
+def quality_table(runs: list[Run]) -> Table:
+    """One row per (run, metric, baseline): every paired quality test the runs hold."""
+    t = Table("Table 5", "Quality vs ar and vs sd, paired on the same samples: Δ = the method's value - the "
+              "baseline's, with its 95% CI; p = McNemar exact (binary scores; CI: Newcombe paired score "
+              "interval), sacrebleu paired bootstrap (BLEU, chrF) or paired bootstrap (judge scores); MDE = "
+              "the smallest difference this n detects at 80% power and 5% level. A result without significance "
+              "reads 'no loss larger than MDE at n', never 'lossless'.",
+              [("model", "model pair", ""), ("task", "task", ""), ("settings", "settings", ""),
+               ("label", "method", ""), ("metric", "metric", ""), ("vs", "vs", ""), ("n_pairs", "n", "d"),
+               ("value", "value", ".3f[]"), ("base", "baseline", ".3f[]"), ("delta", "Δ", ".3f[]"),
+               ("p_value", "p", "p"), ("mde", "MDE", ".3f"), ("reading", "reading", ""), ("test", "test", ""),
+               ("note", "note", ""), ("notes", "notes", "")])
+    for r in runs:
+        for vs in ("ar", "sd"):
+            for m, x in sorted(_tests(r, vs).items(), key=lambda kv: declared_order(r).index(kv[0])
+                               if kv[0] in declared_order(r) else 99):
+                row = {**_base(r), "metric": m, "vs": vs + (f" ({r.sd_tag})" if vs == "sd" and r.sd_tag else ""),
+                       "n_pairs": x.get("n"), "p_value": x.get("p_value"), "mde": x.get("mde"),
+                       "reading": S.reading(x, r.metric_directions.get(m, "higher")), "test": x.get("test"),
+                       "note": x.get("note"), "notes": _notes(t, r)}
+                _put(row, "value", {"value": x.get("value"), "lo": x.get("value_lo"), "hi": x.get("value_hi")})
+                _put(row, "base", {"value": x.get("base"), "lo": x.get("base_lo"), "hi": x.get("base_hi")})
+                _put(row, "delta", {"value": x.get("delta"), "lo": x.get("lo"), "hi": x.get("hi")})
+                t.rows.append(row)
+    return t
+
+
 def all_tables(runs: list[Run], theta: float = DEFAULT_THETA) -> dict[str, Table]:
     return {"main": main_table(runs, theta), "theta": theta_table(runs), "fidelity": fidelity_table(runs),
-            "acceptance": acceptance_table(runs)}
+            "acceptance": acceptance_table(runs), "quality": quality_table(runs)}
 
 
 def write_tables(tables: dict[str, Table], out_dir) -> list:
