@@ -179,7 +179,11 @@ def test_settings_defaults_and_bad_values():
 def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
     """model=tiny through the Hydra entry's run(): summary.json carries lo / hi / p_value / mde / n, the sd
     comparison (sd_dir) and stop-reason shares; W&B gets them; the report prints them without recomputing."""
-    from mars_bench import run as R
+    from mars_bench import runner as R
+    from mars_bench.tags import RunTag
+
+    def run_tag(cfg, n):
+        return RunTag.from_config(cfg, n).format()
     from mars_bench.report import all_tables, load_runs
     from mars_bench.summary import summarize_run
     from mars_bench.wandb_logger import summary_values
@@ -192,9 +196,9 @@ def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
     cfg = tiny_cfg(tmp_path, "method=mars", *extra)
     task, samples, data_dir, max_new, task_dir = R.prepare(cfg)
     cfg_sd = tiny_cfg(tmp_path, "method=sd", *extra)
-    s = summarize_run(task_dir / R.run_tag(cfg, max_new), task, samples, cfg, data_dir,
-                      ar_dir=task_dir / R.ar_tag(cfg, max_new), sd_dir=task_dir / R.run_tag(cfg_sd, max_new))
-    on_disk = json.loads((task_dir / R.run_tag(cfg, max_new) / "summary.json").read_text())
+    s = summarize_run(task_dir / run_tag(cfg, max_new), task, samples, cfg, data_dir,
+                      ar_dir=task_dir / RunTag.from_config(cfg, max_new).baseline().format(), sd_dir=task_dir / run_tag(cfg_sd, max_new))
+    on_disk = json.loads((task_dir / run_tag(cfg, max_new) / "summary.json").read_text())
     st = on_disk["stats"]
     assert st["settings"]["n_boot"] == 500                       # cfg.stats reached the module
     for key in ("tau", "tokens_per_s", "speedup"):
@@ -204,7 +208,7 @@ def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
         for metric in ("accuracy_strict", "accuracy_flexible"):
             t = st[vs][metric]
             assert {"delta", "lo", "hi", "p_value", "mde", "n"} <= set(t) and t["n"] == 4
-    assert on_disk["sd_run_dir"].endswith(R.run_tag(cfg_sd, max_new))
+    assert on_disk["sd_run_dir"].endswith(run_tag(cfg_sd, max_new))
     shares = on_disk["stop_reasons"]
     assert shares["n"] == 4 and sum(shares[k] for k in ("max_new_tokens", "eos", "stop_string")) == pytest.approx(1)
     json.dumps(on_disk, allow_nan=False)
