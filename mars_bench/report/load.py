@@ -18,35 +18,24 @@ with ``samples.jsonl`` (one record per finished sample), ``summary.json`` and ``
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Iterable
 
 from .. import records as R
+from ..decode.rules import RULES
+from ..tags import RunTag
 
-# <method>[-k<k>][-th<theta>][-<other knobs>...]-T<temperature>-p<top_p>-n<max new>-s<seed>; knobs this module
-# does not know (e.g. a tree method's) are kept, shown in labels, and keep runs apart.
-TAIL_RE = re.compile(r"^(?P<head>[a-z][a-z0-9_]*(?:-[A-Za-z0-9_.+]+)*?)-T(?P<T>[0-9.e+-]+?)-p(?P<p>[0-9.e+-]+?)"
-                     r"-n(?P<n>\d+)-s(?P<seed>\d+)$")
-NUM = r"\d+(?:\.\d+)?(?:e[+-]?\d+)?"
-DEFAULT_THETA = 0.9
+DEFAULT_THETA = RULES["mars"].knob_map["theta"].default   # the paper's default, registered once
 
 
 @dataclass
 class Run:
     model_dir: str                  # e.g. tiny_fp32_cpu (model name, dtype, device)
     task_dir: str                   # e.g. gsm8k-v1
-    tag: str                        # e.g. mars-k4-th0.9-T0-p1-n32-s0
+    tag: str                        # e.g. mars-k4-th0.9-T0-p1-n32-s0 (mars_bench.tags.RunTag)
     dirs: list[Path]
-    method: str
-    k: int | None
-    theta: float | None
-    flags: tuple[str, ...]
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    seed: int
+    rt: RunTag                      # the parsed tag: scheme, rule, its settings, decoding settings
     model: str = ""
     task: str = ""
     task_version: int | None = None
@@ -67,6 +56,62 @@ class Run:
     def key(self) -> tuple[str, str, str]:
         return (self.model_dir, self.task_dir, self.tag)
 
+    # ---- what the tag says (mars_bench.tags; rules from the registry) -----------------------------
+    @property
+    def method(self) -> str:
+        """The run's head name: ar, sd, mars, sd_tree, sd+topk_delta, ..."""
+        return self.rt.head
+
+    @property
+    def rule(self):
+        return RULES[self.rt.rule]
+
+    @property
+    def k(self) -> int | None:
+        return self.rt.k
+
+    @property
+    def temperature(self) -> float:
+        return self.rt.temperature
+
+    @property
+    def top_p(self) -> float:
+        return self.rt.top_p
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.rt.max_new_tokens
+
+    @property
+    def seed(self) -> int:
+        return self.rt.seed
+
+    @property
+    def sweep_knob(self) -> str | None:
+        """The knob a rules sweep varies for this run's rule (theta for mars)."""
+        return self.rule.sweep if self.relaxed else None
+
+    @property
+    def sweep_value(self) -> float | None:
+        return self.rt.settings.get(self.sweep_knob) if self.sweep_knob else None
+
+    @property
+    def theta(self) -> float | None:
+        """theta of a rule that has one (mars, mars_prob), else None."""
+        return self.rt.settings.get("theta") if self.relaxed else None
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """Every other setting in the tag: tree shape, the rule's other settings, p_min, draft quant."""
+        rt = self.rt
+        parts = self.rule.tag_parts(rt.settings, rt.temperature, rt.top_p) if self.relaxed else []
+        if self.sweep_knob:
+            knob = self.rule.knob_map[self.sweep_knob]
+            parts = [p for p in parts if p != f"{knob.tag}{self.sweep_value:g}"]
+        out = [x for x in (rt.tree, "sample" if rt.sample_children else None) if x] + parts
+        out += [f"pmin{rt.p_min:g}"] if rt.p_min else []
+        return tuple(out + ([f"draft{rt.draft_quant}"] if rt.draft_quant else []))
+
     @property
     def settings(self) -> tuple:
         """Everything but the method: runs with equal settings are compared with each other."""
@@ -74,23 +119,29 @@ class Run:
 
     @property
     def ar_tag(self) -> str:
-        """The tag of the ar run with the same settings (see run.ar_tag)."""
-        return "ar-" + self.tag[TAIL_RE.match(self.tag).start("T") - 1:]
+        """The tag of the ar run with the same settings."""
+        return self.rt.baseline().format()
+
+    @property
+    def lossless_tag(self) -> str | None:
+        """The tag of the same drafting with rule exact (a lossy rule's sd reference)."""
+        ref = self.rt.lossless_reference()
+        return ref.format() if ref else None
 
     @property
     def relaxed(self) -> bool:
-        """A margin-aware method (mars, or any method whose run tag has a theta)."""
-        return self.theta is not None
+        """A lossy verification rule (mars, topk_delta, ...; the registry's ``lossless`` flag)."""
+        return self.rt.scheme != "ar" and not self.rule.lossless
 
     @property
     def lossless(self) -> bool:
-        """A speculative method with exact verification (sd, tree / EAGLE variants without theta)."""
-        return self.method != "ar" and self.theta is None
+        """A speculative method with a lossless rule (sd, sd_tree, eagle3)."""
+        return self.rt.scheme != "ar" and self.rule.lossless
 
     @property
     def family(self) -> tuple:
-        """Runs of one family differ only in theta (a theta sweep is one family)."""
-        return (self.method, self.k, self.flags)
+        """Runs of one family differ only in their rule's sweep knob (a theta sweep is one family)."""
+        return (self.rt.scheme, self.rt.rule, self.k, self.flags)
 
     @property
     def family_label(self) -> str:
@@ -100,7 +151,8 @@ class Run:
     def label(self) -> str:
         if self.method == "ar":
             return "ar"
-        out = self.method + (f" θ={self.theta:g}" if self.theta is not None else "")
+        out = self.method + (f" {'θ' if self.sweep_knob == 'theta' else self.sweep_knob}={self.sweep_value:g}"
+                             if self.sweep_knob else "")
         out += f" k={self.k}" if self.k is not None else ""
         return out + "".join(f" {f}" for f in self.flags)
 
@@ -108,7 +160,7 @@ class Run:
     def sort_key(self) -> tuple:
         role = 0 if self.method == "ar" else (2 if self.relaxed else 1)
         return (self.settings, role, self.method, self.k or 0, self.flags,
-                self.theta if self.theta is not None else -1.0)
+                self.sweep_value if self.sweep_value is not None else -1.0)
 
     @property
     def n_samples(self) -> int:
@@ -126,34 +178,12 @@ class Run:
         return f"{model} | {self.task} v{self.task_version}"
 
 
-def parse_tag(tag: str) -> dict | None:
-    m = TAIL_RE.match(tag)
-    if not m:
-        return None
-    method, *knobs = re.split(r"(?<!\de)-", m["head"])   # not inside 1e-05
-    k = theta = None
-    flags = []
-    for knob in knobs:
-        if re.fullmatch(r"k\d+", knob) and k is None:
-            k = int(knob[1:])
-        elif re.fullmatch(f"th{NUM}", knob) and theta is None:
-            theta = float(knob[2:])
-        else:
-            flags.append(knob)
-    try:
-        return {"method": method, "k": k, "theta": theta, "flags": tuple(flags),
-                "temperature": float(m["T"]), "top_p": float(m["p"]), "max_new_tokens": int(m["n"]),
-                "seed": int(m["seed"])}
-    except ValueError:
-        return None
-
-
 def find_run_dirs(root: Path) -> list[Path]:
     root = Path(root)
     if not root.exists():
         raise FileNotFoundError(f"{root}: no such results directory")
     dirs = {p.parent for name in ("samples.jsonl", "summary.json") for p in root.rglob(name)}
-    return sorted(d for d in dirs if parse_tag(d.name) is not None)
+    return sorted(d for d in dirs if RunTag.parse(d.name) is not None)
 
 
 def load_runs(roots: str | Path | Iterable[str | Path]) -> list[Run]:
@@ -172,7 +202,7 @@ def load_runs(roots: str | Path | Iterable[str | Path]) -> list[Run]:
             _compare_with_ar(r, index.get((r.model_dir, r.task_dir, r.ar_tag)))
     for r in runs:
         ar = index.get((r.model_dir, r.task_dir, r.ar_tag)) if r.method != "ar" else None
-        _attach_stats(r, ar, _sd_sibling(r, runs))
+        _attach_stats(r, ar, _sd_sibling(r, index))
     return sorted(runs, key=lambda r: r.sort_key)
 
 
@@ -191,8 +221,7 @@ def problems(runs: Iterable[Run]) -> list[str]:
 # ---- one run -------------------------------------------------------------------------------------
 def _load_one(key: tuple, dirs: list[Path]) -> Run:
     model_dir, task_dir, tag = key
-    meta = parse_tag(tag)
-    run = Run(model_dir=model_dir, task_dir=task_dir, tag=tag, dirs=list(dirs), **meta)
+    run = Run(model_dir=model_dir, task_dir=task_dir, tag=tag, dirs=list(dirs), rt=RunTag.parse(tag))
     task, _, ver = task_dir.rpartition("-v")
     run.task, run.task_version = (task, int(ver)) if ver.isdigit() else (task_dir, None)
     records, seen, summaries = [], {}, []
@@ -284,17 +313,12 @@ def _compare_with_ar(run: Run, ar: Run | None) -> None:
 
 
 # ---- intervals and tests -----------------------------------------------------------------------------
-MARS_ONLY_FLAGS = ("ratio", "margin")   # knobs of the mars rule: its sd sibling's tag has none of them
-
-
-def _sd_sibling(run: Run, runs: list[Run]) -> Run | None:
-    """The sd chain run a mars chain run is compared with: same settings and k, no theta, the same
-    other knobs (e.g. the draft's quantization) minus the mars-only ones."""
-    if run.method != "mars":
-        return None
-    flags = tuple(f for f in run.flags if f not in MARS_ONLY_FLAGS)
-    return next((x for x in runs if x.method == "sd" and x.settings == run.settings and x.k == run.k
-                 and x.flags == flags and x.records), None)
+def _sd_sibling(run: Run, index: dict) -> Run | None:
+    """The lossless run a lossy run is compared with: the same drafting and settings with rule exact
+    (``RunTag.lossless_reference``: sd for a lossy chain rule, sd_tree for mars_tree, ...)."""
+    ref = run.lossless_tag
+    x = index.get((run.model_dir, run.task_dir, ref)) if ref else None
+    return x if x is not None and x.records else None
 
 
 def _attach_stats(run: Run, ar: Run | None, sd: Run | None) -> None:
