@@ -38,7 +38,7 @@ GROUP_OVERRIDES = ([f"{g}={o}" for g in ("model", "method", "task", "logger", "r
 SWEEP_JOBS = {"+sweep=theta": 9, "+sweep=methods": 3, "+experiment=qwen3_gsm8k_table": 3,
               "+experiment=qwen3_gsm8k_theta": 9, "+experiment=qwen3_gsm8k_fidelity": 9,
               "+experiment=qwen3_gsm8k_logits": 1, "+experiment=llama31_humaneval_table": 3,
-              "+experiment=llama31_humaneval_theta": 9, "+experiment=cpu_reproduction": 36}
+              "+experiment=llama31_humaneval_theta": 9, "+experiment=cpu_reproduction_full": 4}
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +180,19 @@ def test_loggers(tmp_path, monkeypatch):
     logger.close()
     assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))           # offline: stored locally
     assert {p.name.split("__")[0] for p in (run_dir / "figures").glob("*.png")} >= {"r_distribution"}
+
+
+@pytest.mark.parametrize("override", ["+compare=methods", "+sweep=rules", "+experiment=cpu_reproduction"])
+def test_every_compare_entry_composes_and_validates(hydra_ctx, override):
+    """Each entry of an interleaved comparison is a job of its own: it must compose and validate, and
+    no two entries may name the same run directory."""
+    from mars_bench.tags import RunTag
+
+    base = compose("config", overrides=[override])
+    assert len(base.compare) >= 3
+    tags = []
+    for entry in base.compare:
+        cfg = compose("config", overrides=[override, *entry])
+        C.validate(cfg)
+        tags.append(RunTag.from_config(cfg, 64).format())
+    assert len(set(tags)) == len(tags) and tags[0].startswith("ar-")
