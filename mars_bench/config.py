@@ -83,7 +83,8 @@ class Config:
     max_new_tokens: Optional[int] = None  # overrides the task's default, the same for every method
     temperature: float = 0.0        # 0 = greedy
     top_p: float = 1.0              # nucleus filtering when sampling, in (0, 1]
-    data_dir: str = "../shared/data"  # benchmark data (env MARS_BENCH_DATA_DIR wins)
+    data_dir: Optional[str] = None  # [rel] benchmark data; null: ../shared/data beside the checkout if present, else
+    #                                 the user cache, filled from the public sources (tasks/data.py); env MARS_BENCH_DATA_DIR wins
     results_dir: str = "results"    # where runs are written
     progress: bool = True           # progress bars
 

@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import config as C
 from .decoding import generate
-from .records import SampleWriter, atomic_write_text
+from . import interrupts   # [rel]
+from .records import SampleWriter, StorageError, atomic_write_text   # [rel] StorageError
 from .summary import summarize_run
 from .wandb_logger import make_logger
 
@@ -107,7 +108,7 @@ def _decode(cfg, task, method, max_new, run_dir, todo, writer, logger, label) ->
     dcfg = C.decode_config(cfg, max_new, sorted(i for i in eos if i is not None), task.stop_strings)
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     try:
-        for i, sample in _progress(todo, label, cfg.progress):
+        for i, sample in _progress(writer.claimed(todo), label, cfg.progress):   # [rel] claims: no sample twice
             outputs, turns = [], []
             for t in range(len(sample.turns)):
                 ids = tok.apply_chat_template(build_messages(task, sample, outputs, t),
@@ -169,6 +170,9 @@ C.register()
 def _hydra_main(cfg: DictConfig):
     try:
         return run(cfg)
+    except StorageError as e:   # [rel] full disk / read-only results: one line naming the path, exit 1
+        print(f"mars-bench: error: {e}", file=sys.stderr)
+        sys.exit(1)
     except (C.ConfigError, ValueError) as e:   # bad input: one line, no traceback, exit 2
         if not isinstance(e, C.ConfigError) and getattr(e, "__traceback__", None) and _generating(e):
             raise
@@ -187,7 +191,7 @@ def _generating(e: BaseException) -> bool:
 
 
 def main() -> None:
-    _hydra_main()
+    interrupts.run_main(_hydra_main)   # [rel] SIGINT/SIGTERM: one line, exit 130/143, finished samples kept
 
 
 if __name__ == "__main__":
