@@ -191,7 +191,16 @@ def _generating(e: BaseException) -> bool:
 
 
 def main() -> None:
-    interrupts.run_main(_hydra_main)   # [rel] SIGINT/SIGTERM: one line, exit 130/143, finished samples kept
+    interrupts.run_main(_checked_main)   # [rel] SIGINT/SIGTERM: one line, exit 130/143, finished samples kept
+
+
+def _checked_main() -> None:   # [rel] overrides Hydra would refuse in several lines: one line, exit 2
+    try:
+        C.check_overrides(sys.argv[1:])
+    except C.ConfigError as e:
+        print(f"mars-bench: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    _hydra_main()
 
 
 if __name__ == "__main__":

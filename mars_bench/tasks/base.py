@@ -177,7 +177,7 @@ class Task:
             return {}
         if subset not in subsets:
             known = ", ".join(["full"] + sorted(subsets))
-            raise ValueError(f"task {self.name}: unknown subset '{subset}'; known: {known}")
+            raise ValueError(f"task {self.name}: unknown subset '{subset}'; allowed: {known}")
         return dict(subsets[subset] or {})
 
     # ---- scoring -------------------------------------------------------------------------------------
