@@ -9,6 +9,7 @@ Definitions (cited in every table caption):
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -96,14 +97,23 @@ class SampleWriter:
     ``StorageError`` naming the path; a failed append is cut back so that the file holds whole lines only."""
 
     def __init__(self, path: Path):
-        self.path = Path(path)
-        with storage_errors(self.path.parent):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)   # a new run directory is created only when the first sample is claimed
         self._lock = self.path.parent / APPEND_LOCK
-        self.claims = Claims(self.path.parent)
+        self._claims: Claims | None = None
         self.done: set = set()
         self._offset = None   # bytes of samples.jsonl already read (whole lines)
-        self.refresh()
+        if self.path.parent.is_dir():
+            self.refresh()
+        else:
+            _check_writable(self.path.parent)
+
+    @property
+    def claims(self) -> Claims:
+        if self._claims is None:
+            with storage_errors(self.path.parent):
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._claims = Claims(self.path.parent)
+        return self._claims
 
     def refresh(self) -> set:
         """Add the ids finished since the last call (by any process); a torn last line is a killed writer's
@@ -172,7 +182,26 @@ class SampleWriter:
         self.claims.release(record["id"])
 
     def close(self) -> None:
-        self.claims.release_all()
+        if self._claims is not None:
+            self._claims.release_all()
+
+
+def _check_writable(folder: Path) -> None:
+    """A folder to be created must have a writable nearest existing ancestor (read-only mounts included)."""
+    p = Path(folder).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not os.access(p, os.W_OK | os.X_OK):
+        err = OSError(errno.EROFS if _read_only(p) else errno.EACCES,
+                      os.strerror(errno.EROFS if _read_only(p) else errno.EACCES))
+        raise StorageError(p, err)
+
+
+def _read_only(p: Path) -> bool:
+    try:
+        return bool(os.statvfs(p).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 class _Claimed:

@@ -185,7 +185,12 @@ def test_full_disk_is_one_line_and_loses_nothing(tmp_path, small_disk):
 
 
 def test_read_only_results_dir_is_one_line_then_resumes(tmp_path, small_disk):
-    results = small_disk("size=1m") / "results"
+    mnt = small_disk("size=1m,ro")
+    results = mnt / "results"
+    fresh = _run(_cmd(results, 3))                   # a new run on a read-only disk: refused before decoding
+    assert fresh.returncode == 1, fresh.stderr[-3000:]
+    assert str(mnt) in _one_error_line(fresh.stderr) and "Read-only file system" in fresh.stderr
+    small_disk("rw")
     samples = results / _run_dir(24) / "samples.jsonl"
     assert _run(_cmd(results, 3)).returncode == 0
     before = samples.read_bytes()
