@@ -186,6 +186,7 @@ CHECKS = {
     "pid_namespace(parent_invisible)": check_pid_namespace,
     "no_process_outlives_the_program": check_no_process_outlives,
     "rlimit_nproc(per-run unprivileged uid)": check_nproc_per_uid, "unprivileged_uid": check_unprivileged_uid,
+    "rlimit_nproc(approximate: counts this user's processes)": check_nproc_per_uid,   # non-root harness
 }
 CLAIMS = [(b, c) for b in BACKENDS for c in S.sandbox_status(b)["enforced"]]
 

@@ -129,7 +129,7 @@ class HumanEval(Task):
     def read_rows(self, data_dir) -> list[dict]:
         rel = self.data_files[0]
         shown = self.display_path(data_dir, rel)
-        rows = self.jsonl_rows(data_dir, rel, self.FIELDS, self.spec["data"]["rows"], "Hugging Face openai/openai_humaneval test", _download)
+        rows = self.jsonl_rows(data_dir, rel, self.FIELDS, self.spec["data"]["rows"], "", None)
         seen = set()
         for i, row in enumerate(rows, 1):
             if row["task_id"] in seen:
@@ -180,9 +180,3 @@ class HumanEval(Task):
         out["sandbox_backend"] = sandbox_status(self.options.get("sandbox_backend") or None)["backend"]
         return out
 
-
-def _download() -> list[dict]:
-    from datasets import load_dataset  # lazy: only users without the local copy need it
-
-    ds = load_dataset("openai/openai_humaneval", split="test")
-    return [{k: r[k] for k in HumanEval.FIELDS} for r in ds]

@@ -218,10 +218,6 @@ def _probe(backend: str) -> bool:
     return ok
 
 
-def _probe_bwrap() -> bool:
-    return _probe("bwrap")
-
-
 def choose_backend(requested: str | None = None, *, usable=None) -> str:
     """The backend to use: ``$MARS_BENCH_SANDBOX``, else ``requested``, else auto (bwrap, then unshare).
 
