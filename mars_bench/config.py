@@ -204,10 +204,9 @@ def decode_config(cfg: Any, max_new_tokens: int, eos_ids, stop_strings) -> Decod
 SEED_MAX = 2**32 - 1            # seeds in [0, 2^32): per-sample seeds (seed * 1000003 + ...) stay in torch's range
 MAX_NEW_TOKENS_MAX = 1 << 20    # a budget beyond any model's context is a typo, not a run
 K_MAX = 64                      # draft tokens per step; the CPU fast path packs k + 1 rows
-_GROUPS = ("model", "method", "task", "logger", "debug", "experiment", "sweep")   # folders of conf/
 
 
-def _path_setting(name: str, value: Any, nullable: bool) -> None:
+def _path_setting(name: str, value: Any, nullable: bool, expand: bool) -> None:
     import os
     from pathlib import Path
 
@@ -219,7 +218,13 @@ def _path_setting(name: str, value: Any, nullable: bool) -> None:
         os.fsencode(value)
     except UnicodeError:
         raise ConfigError(f"{name}={value!r}; allowed: a path this file system can encode") from None
-    p = Path(value).expanduser()
+    p = Path(value)
+    if expand:   # data_dir expands ~ (tasks/data.py); results_dir is taken literally (run.py)
+        try:
+            p = p.expanduser()
+        except RuntimeError:
+            raise ConfigError(f"{name}={value!r}: ~user names no known user; allowed: an existing user's "
+                              "~ or a plain path") from None
     while not p.exists() and p != p.parent:
         p = p.parent
     if p.exists() and not p.is_dir():
@@ -244,8 +249,8 @@ def validate_run_settings(cfg: Any) -> None:
         raise ConfigError(f"task.name={cfg.task.name!r}; allowed: {', '.join(sorted(TASKS))}")
     if cfg.subset is not None and (not isinstance(cfg.subset, str) or not cfg.subset.strip()):
         raise ConfigError(f"subset={cfg.subset!r}; allowed: null or a subset name of the task")
-    _path_setting("results_dir", cfg.results_dir, nullable=False)
-    _path_setting("data_dir", cfg.data_dir, nullable=True)
+    _path_setting("results_dir", cfg.results_dir, nullable=False, expand=False)
+    _path_setting("data_dir", cfg.data_dir, nullable=True, expand=True)
 
 
 def _type_words(tp: Any) -> str:
@@ -284,6 +289,7 @@ def check_overrides(argv: list[str], conf_dir: str | None = None) -> None:
 
     conf = Path(conf_dir) if conf_dir else Path(__file__).resolve().parent.parent / "conf"
     parser, types = OverridesParser.create(), _field_types()
+    groups = {p.name for p in conf.iterdir() if p.is_dir()}   # config groups: the folders of conf/
     base = OmegaConf.structured(Config)
     for arg in argv:
         if arg.startswith("-") or "=" not in arg or arg.lstrip("+~").startswith("hydra"):
@@ -298,7 +304,7 @@ def check_overrides(argv: list[str], conf_dir: str | None = None) -> None:
         if o.is_delete() or "/" in key:
             continue
         values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
-        if key in _GROUPS:
+        if key in groups:
             options = sorted(p.stem for p in (conf / key).glob("*.yaml"))
             for v in values:
                 if v not in options:
