@@ -59,14 +59,16 @@ try:
     if os.path.isdir("/dev/shm"):
         mount("tmpfs", "/dev/shm", "tmpfs", NOSUID | NODEV, "size=16m,mode=1777")
     root_fl = dict(table).get("/", 0)
-    for h in hidden:
-        mount("tmpfs", h, "tmpfs", NOSUID | NODEV, "size=1m,mode=0755")
+    for h in ["/tmp"] + hidden:   # masked folders; the interpreter is bound back when it lives in one
+        if h != "/tmp":
+            mount("tmpfs", h, "tmpfs", NOSUID | NODEV, "size=1m,mode=0755")
         if prefix.startswith(h.rstrip("/") + "/"):
             os.umask(0o022)
             os.makedirs(prefix, mode=0o755, exist_ok=True)
             mount(f"/proc/self/fd/{keep}", prefix, None, BIND | REC)
             mount(None, prefix, None, REMOUNT | BIND | RDONLY | root_fl)
-        mount(None, h, None, REMOUNT | RDONLY | NOSUID | NODEV)
+        if h != "/tmp":
+            mount(None, h, None, REMOUNT | RDONLY | NOSUID | NODEV)
     os.close(keep)
     os.mkdir("/tmp/w", 0o777)
     os.chmod("/tmp/w", 0o777)
