@@ -3,7 +3,6 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-export MARS_BENCH_DATA_DIR ?= $(abspath ../shared/data)
 
 .PHONY: setup run test test-slow bench demo reproduce reproduce-full figures clean
 

@@ -101,7 +101,8 @@ class Config:
     max_new_tokens: Optional[int] = None  # overrides the task's default, the same for every method
     temperature: float = 0.0        # 0 = greedy
     top_p: float = 1.0              # nucleus filtering when sampling, in (0, 1]
-    data_dir: str = "../shared/data"  # benchmark data (env MARS_BENCH_DATA_DIR wins)
+    data_dir: Optional[str] = None  # [rel] benchmark data; null: ../shared/data beside the checkout if present, else
+    #                                 the user cache, filled from the public sources (tasks/data.py); env MARS_BENCH_DATA_DIR wins
     results_dir: str = "results"    # where runs are written
     progress: bool = True           # progress bars
     stats: Any = field(default_factory=lambda: asdict(StatsSettings()))  # intervals and tests: defaults in stats.py
@@ -116,7 +117,7 @@ def register() -> None:
 
 def _number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ConfigError(f"{name}={value!r} is not a number")
+        raise ConfigError(f"{name}={value!r} is not a number; allowed: a finite number")   # [rel] names what is allowed
     return float(value)
 
 
@@ -192,6 +193,7 @@ def validate(cfg: Any) -> None:
         StatsSettings.from_cfg(cfg)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    validate_run_settings(cfg)   # ranges the types do not bound (defined at the bottom)
 
 
 def rule_settings(cfg: Any, rule_name: str) -> dict:
@@ -245,3 +247,124 @@ def method_of(cfg: Any) -> Method:
 def decode_config(cfg: Any, max_new_tokens: int, eos_ids, stop_strings) -> DecodeConfig:
     return DecodeConfig(max_new_tokens=max_new_tokens, temperature=float(cfg.temperature),
                         top_p=float(cfg.top_p), eos_ids=tuple(eos_ids), stop_strings=tuple(stop_strings))
+
+
+# ---- [rel] run settings the schema's types do not bound, and overrides checked before Hydra composes ---------
+SEED_MAX = 2**32 - 1            # seeds in [0, 2^32): per-sample seeds (seed * 1000003 + ...) stay in torch's range
+MAX_NEW_TOKENS_MAX = 1 << 20    # a budget beyond any model's context is a typo, not a run
+K_MAX = 64                      # draft tokens per step; the CPU fast path packs k + 1 rows
+
+
+def _path_setting(name: str, value: Any, nullable: bool, expand: bool) -> None:
+    import os
+    from pathlib import Path
+
+    if value is None and nullable:
+        return
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        raise ConfigError(f"{name}={value!r}; allowed: a non-empty path" + (" or null" if nullable else ""))
+    try:
+        os.fsencode(value)
+    except UnicodeError:
+        raise ConfigError(f"{name}={value!r}; allowed: a path this file system can encode") from None
+    p = Path(value)
+    if expand:   # data_dir expands ~ (tasks/data.py); results_dir is taken literally (run.py)
+        try:
+            p = p.expanduser()
+        except RuntimeError:
+            raise ConfigError(f"{name}={value!r}: ~user names no known user; allowed: an existing user's "
+                              "~ or a plain path") from None
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{name}={value!r}: {p} exists and is not a folder; allowed: a folder path")
+
+
+def validate_run_settings(cfg: Any) -> None:
+    """Ranges of seed, budgets, k, temperature, top_p, task and paths; ConfigError naming the first bad one."""
+    from .tasks import TASKS
+
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed <= SEED_MAX:
+        raise ConfigError(f"seed={cfg.seed!r}; allowed: an integer in [0, {SEED_MAX}]")
+    for name, value in (("max_new_tokens", cfg.max_new_tokens), ("task.max_new_tokens", cfg.task.max_new_tokens)):
+        if value is not None and value > MAX_NEW_TOKENS_MAX:
+            raise ConfigError(f"{name}={value!r}; allowed: an integer in [1, {MAX_NEW_TOKENS_MAX}] or null")
+    if cfg.method.k > K_MAX:
+        raise ConfigError(f"method.k={cfg.method.k!r}; allowed: an integer in [1, {K_MAX}]")
+    for name in ("temperature", "top_p"):
+        if not math.isfinite(_number(name, cfg[name])):
+            raise ConfigError(f"{name}={cfg[name]!r}; allowed: a finite number")
+    if cfg.task.name not in TASKS:
+        raise ConfigError(f"task.name={cfg.task.name!r}; allowed: {', '.join(sorted(TASKS))}")
+    if cfg.subset is not None and (not isinstance(cfg.subset, str) or not cfg.subset.strip()):
+        raise ConfigError(f"subset={cfg.subset!r}; allowed: null or a subset name of the task")
+    _path_setting("results_dir", cfg.results_dir, nullable=False, expand=False)
+    _path_setting("data_dir", cfg.data_dir, nullable=True, expand=True)
+
+
+def _type_words(tp: Any) -> str:
+    import typing
+
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    optional = len(args) < len(typing.get_args(tp))
+    base = args[0] if optional and len(args) == 1 else tp
+    words = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(base, "a value")
+    return words + (" or null" if optional else "")
+
+
+def _field_types(node=None, prefix: str = "") -> dict:
+    import typing
+    from dataclasses import fields, is_dataclass
+
+    out = {}
+    hints = typing.get_type_hints(node or Config)
+    for f in fields(node or Config):
+        tp = hints[f.name]
+        if is_dataclass(tp):
+            out.update(_field_types(tp, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = tp
+    return out
+
+
+def check_overrides(argv: list[str], conf_dir: str | None = None) -> None:
+    """Command-line overrides that Hydra would refuse with a multi-line error (unparsable text, a value of the
+    wrong type, an unknown group option) become one ConfigError line, before Hydra composes anything."""
+    from pathlib import Path
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    conf = Path(conf_dir) if conf_dir else Path(__file__).resolve().parent.parent / "conf"
+    parser, types = OverridesParser.create(), _field_types()
+    groups = {p.name for p in conf.iterdir() if p.is_dir()}   # config groups: the folders of conf/
+    base = OmegaConf.structured(Config)
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg or arg.lstrip("+~").startswith("hydra"):
+            continue
+        try:
+            o = parser.parse_overrides([arg])[0]
+        except Exception as e:  # noqa: BLE001 - Hydra's grammar errors: one line
+            first = " ".join(str(e).split("\n")[0].split())
+            raise ConfigError(f"cannot read the override {arg!r} ({first}); allowed: key=value, with "
+                              "non-ASCII or special characters inside quotes: key='value'") from None
+        key = o.key_or_group
+        if o.is_delete() or "/" in key:
+            continue
+        values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        if key in groups:
+            options = sorted(p.stem for p in (conf / key).glob("*.yaml"))
+            for v in values:
+                if v not in options:
+                    raise ConfigError(f"{key}={v!r}; allowed: {', '.join(options)}")
+            continue
+        if key not in types:
+            if not o.is_add():
+                raise ConfigError(f"unknown setting {key!r} in {arg!r}; allowed: {', '.join(sorted(types))}")
+            continue
+        for v in values:
+            try:
+                OmegaConf.update(base, key, v, merge=True)
+            except OmegaConfBaseException:
+                raise ConfigError(f"{key}={v!r}; allowed: {_type_words(types[key])}") from None

@@ -85,9 +85,9 @@ def run(cfg) -> dict | list[dict]:
     try:
         if job.todo:   # a finished run (e.g. a reused ar baseline) loads no model: it only re-summarizes
             ctx = Models(cfg, [job.method])
-            for i, sample in _progress(list(enumerate(job.samples)), job.label, cfg.progress):
-                if sample.id in job.todo:
-                    _write(job, sample, ctx.decode(job, sample, i), logger)
+            todo = [(i, smp) for i, smp in enumerate(job.samples) if smp.id in job.todo]
+            for i, sample in _progress(job.writer.claimed(todo), job.label, cfg.progress):   # no sample twice
+                _write(job, sample, ctx.decode(job, sample, i), logger)
         summary = job.summarize()
         logger.log_summary(summary)
     finally:
@@ -137,9 +137,14 @@ def run_interleaved(cfg, variants: list) -> list[dict]:
             for i, sample in enumerate(samples):
                 for n in range(len(jobs)):           # rotate the order per sample
                     j = (i + n) % len(jobs)
-                    if sample.id in jobs[j].todo:
+                    if sample.id in jobs[j].todo and jobs[j].writer.claim(sample.id):   # another process may hold it
                         _write(jobs[j], sample, ctx.decode(jobs[j], sample, i, order=n), loggers[j])
                         bar.update(1)
+            for j, job in enumerate(jobs):           # samples another process held: wait, take over if it died
+                rest = [(i, smp) for i, smp in enumerate(samples) if smp.id in job.todo]
+                for i, sample in job.writer.claimed(rest):
+                    _write(job, sample, ctx.decode(job, sample, i), loggers[j])
+                    bar.update(1)
             bar.close()
         order = sorted(range(len(jobs)), key=lambda j: jobs[j].method.speculative)   # ar first: others compare to it
         summaries = [None] * len(jobs)

@@ -1,15 +1,11 @@
 """Bad data files give one-line ValueErrors naming file, line and what was expected, before any generation."""
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from mars_bench.tasks import DataError, get_task
-from mars_bench.tasks import gsm8k as gsm8k_mod
-from mars_bench.tasks import humaneval as he_mod
-from mars_bench.tasks import wmt19 as wmt_mod
 
 GOOD = {"question": "What is 1+1?", "answer": "1+1=2\n#### 2"}
 
@@ -30,13 +26,13 @@ def _error(task, data_dir) -> str:
 
 
 @pytest.fixture
-def no_download(monkeypatch):
-    """The public fallback must not be reached in these tests (and there is no internet here anyway)."""
-    def boom():
-        raise ConnectionError("offline")
-    monkeypatch.setattr(gsm8k_mod, "_download", boom)
-    monkeypatch.setattr(he_mod, "_download", boom)
-    monkeypatch.setattr(wmt_mod, "_download", boom)
+def no_download(monkeypatch, tmp_path):
+    """An empty user cache; a download, should one be tried, fails (there is no internet here anyway)."""
+    monkeypatch.setenv("MARS_BENCH_CACHE", str(tmp_path / "user-cache"))
+
+
+def _offline(url):
+    raise ConnectionError("offline")
 
 
 def test_bad_json_line(tmp_path, no_download):
@@ -82,15 +78,11 @@ def test_gsm8k_answer_without_marker(tmp_path, no_download):
 
 
 def test_missing_file_public_fallback_fails_one_line(tmp_path, no_download):
-    msg = _error(get_task("gsm8k"), tmp_path)
-    assert str(tmp_path / "gsm8k" / "test.jsonl") in msg and "public source" in msg and "offline" in msg
-
-
-@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None, reason="`datasets` could really download")
-def test_missing_file_without_patch_is_still_one_line(tmp_path):
-    # no `datasets` here: the lazy public fallback fails, and says so in one line
-    msg = _error(get_task("humaneval"), tmp_path)
-    assert str(tmp_path / "humaneval" / "HumanEval.jsonl.gz") in msg
+    task = get_task("gsm8k")
+    task.download = _offline
+    msg = _error(task, tmp_path)
+    cached = tmp_path / "user-cache" / "data" / "gsm8k" / "test.jsonl"
+    assert msg.startswith(f"{cached}: ") and "grade-school-math" in msg and "offline" in msg
 
 
 def test_humaneval_gzip_bad_line(tmp_path, no_download):

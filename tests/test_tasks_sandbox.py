@@ -2,6 +2,7 @@
 
 Every attack below is written so that the program passes only if the attack worked; the tests also check the
 effects from outside (files, listener, processes)."""
+import json
 import os
 import pwd
 import shutil
@@ -220,21 +221,54 @@ def test_no_temp_dirs_left_behind():
     assert set(Path(tempfile.gettempdir()).glob("mars-sbx-*")) - before == set()
 
 
-# ---- the fallback backend (no bubblewrap): only what it can guard is tested ------------------------------
-def test_fallback_is_loud(monkeypatch):
+# ---- without bubblewrap: auto takes unshare, else refuses; rlimit only when asked for ----------------------
+def test_auto_falls_back_to_unshare_then_refuses(monkeypatch):
     from mars_bench.tasks import sandbox
 
-    monkeypatch.setattr(sandbox, "_probe_bwrap", lambda: False)
+    monkeypatch.delenv(sandbox.ENV_BACKEND, raising=False)
+    assert sandbox.choose_backend(None, usable={"bwrap": False, "unshare": True}) == "unshare"
+    with pytest.raises(sandbox.SandboxUnavailable) as e:
+        sandbox.choose_backend(None, usable={"bwrap": False, "unshare": False})
+    msg = str(e.value)
+    assert "\n" not in msg and "apt-get install bubblewrap" in msg and "MARS_BENCH_SANDBOX=rlimit" in msg
+    with pytest.raises(sandbox.SandboxUnavailable, match="'bwrap'"):
+        sandbox.choose_backend("bwrap", usable={"bwrap": False, "unshare": True})
+    with pytest.raises(sandbox.SandboxUnavailable, match="allowed: auto, bwrap, unshare, rlimit"):
+        sandbox.choose_backend("nsjail")
+
+
+def test_rlimit_only_when_chosen_explicitly_and_loud(monkeypatch):
+    from mars_bench.tasks import sandbox
+
+    monkeypatch.setenv(sandbox.ENV_BACKEND, "rlimit")          # the explicit setting wins over the task option
     monkeypatch.setitem(sandbox._probe_cache, "warned", False)
-    with pytest.warns(RuntimeWarning, match="SANDBOX DEGRADED"):
-        assert sandbox.choose_backend(None) == "rlimit"
-    with pytest.raises(RuntimeError, match="bwrap"):
-        sandbox.choose_backend("bwrap")
+    with pytest.warns(RuntimeWarning, match="NOT CONTAINED"):
+        assert sandbox.choose_backend("bwrap", usable={"bwrap": True}) == "rlimit"
+    assert "no_process_outlives_the_program" in sandbox.sandbox_status()["not_enforced"]
+
+
+def test_humaneval_refuses_at_load_without_a_containing_sandbox(tmp_path):
+    """A new user without bubblewrap and without unshare: one line before any model loads, nothing written."""
+    import subprocess
+    import sys
+
+    from .conftest import data_dir
+
+    env = {**os.environ, "PATH": str(tmp_path / "empty-bin"), "MARS_BENCH_DATA_DIR": str(data_dir()),
+           "OMP_NUM_THREADS": "1"}
+    env.pop("MARS_BENCH_SANDBOX", None)
+    res = subprocess.run([sys.executable, "-m", "mars_bench.run", "model=tiny", "task=humaneval", "limit=1",
+                          f"results_dir={tmp_path / 'r'}", "progress=false"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "refuses" in lines[0] and "MARS_BENCH_SANDBOX=rlimit" in lines[0], res.stderr
+    assert not (tmp_path / "r").exists()
 
 
 def test_rlimit_backend_basics(monkeypatch):
     assert sandbox_status("rlimit")["backend"] == "rlimit"
-    assert "readonly_fs" in sandbox_status("rlimit")["not_enforced"]
+    assert "readonly_root_fs" in sandbox_status("rlimit")["not_enforced"]
     assert _benign_passes("rlimit")
     assert _score("def f():\n    while True:\n        pass\n", "rlimit")["status"] == "timeout"
     r = _score("def f():\n    a = []\n    while True:\n        a.append(bytearray(10**7))\n", "rlimit",
@@ -246,3 +280,18 @@ def test_rlimit_backend_basics(monkeypatch):
     r = _score("import os, time\ndef f():\n    p = os.getppid()\n    os.kill(p, 9)\n    time.sleep(0.5)\n"
                "    return 1 if os.getppid() != p else 0\n", "rlimit")
     assert r["passed"] == 0 and _benign_passes("rlimit")
+
+
+def test_program_output_stays_out_of_the_record():
+    secret = uuid.uuid4().hex
+    r = _score(f"""
+        import sys
+        def f():
+            print("{secret}-out")
+            sys.stderr.write("{secret}-err\\n" * 50)
+            raise ValueError("x" * 500)
+        """)
+    assert r["passed"] == 0 and secret not in json.dumps(r)
+    assert r["error"].startswith("exception ValueError: xxx") and len(r["error"]) < 130
+    r = _score(f"import sys\ndef f():\n    sys.stderr.write('{secret}\\n')\n    sys.exit(3)\n")
+    assert r["error"] == "exit code 3" and secret not in json.dumps(r)

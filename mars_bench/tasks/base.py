@@ -63,6 +63,7 @@ class Task:
         self.system_prompt: str | None = self.spec.get("system_prompt")
         self.prompt_template: str = self.spec.get("prompt_template") or "{prompt}"
         self.options: dict = dict(self.spec.get("options") or {})
+        self.download = D.http_get   # url -> bytes for files not found locally (a seam: tests pass a stand-in)
         self._apply(overrides)
 
     # ---- configuration -------------------------------------------------------------------------------
@@ -106,51 +107,44 @@ class Task:
         """Data files, relative to the data dir (or to the task folder for built-in sets)."""
         return list((self.spec.get("data") or {}).get("files") or [])
 
-    def _base_dir(self, data_dir) -> Path | None:
+    def data_path(self, data_dir, rel: str) -> Path:
+        """Where ``rel`` is read from (or would be, once fetched into the cache): see ``data.locate``."""
         if (self.spec.get("data") or {}).get("builtin"):
-            return Path(self.spec["_dir"])
-        return D.resolve_data_dir(data_dir)
-
-    def data_path(self, data_dir, rel: str) -> Path | None:
-        base = self._base_dir(data_dir)
-        return None if base is None else base / rel
+            return Path(self.spec["_dir"]) / rel
+        return D.locate(rel, data_dir, download=None)
 
     def data_sha256(self, data_dir=None) -> dict[str, str]:
-        """sha256 of each data file as found; ``absent (...)`` when it is not there (public source used)."""
+        """sha256 of each data file as read (local copy or verified cached public copy)."""
         out = {}
         for rel in self.data_files:
             p = self.data_path(data_dir, rel)
-            out[rel] = D.sha256_file(p) if p is not None and p.is_file() else \
-                f"absent (public source: {self.spec['data'].get('public_source', 'none')})"
+            out[rel] = D.sha256_file(p) if p.is_file() else "absent"
         return out
 
     def _check_sha256(self, data_dir) -> None:
         want = (self.spec.get("data") or {}).get("sha256") or {}
         for rel, got in self.data_sha256(data_dir).items():
-            if rel in want and not got.startswith("absent") and got != want[rel]:
+            if rel in want and got != "absent" and got != want[rel]:
                 log.warning("%s: sha256 %s differs from the published %s (row count and fields were checked)",
                             self.data_path(data_dir, rel), got, want[rel])
 
-    def local_file(self, data_dir, rel: str) -> Path | None:
-        """The file if it is there; None means 'use the public source' (no data dir, or file absent)."""
-        p = self.data_path(data_dir, rel)
-        return p if p is not None and p.is_file() else None
+    def local_file(self, data_dir, rel: str) -> Path:
+        """The file to read: a local copy, else the public copy fetched into the cache with ``self.download``
+        (sha256 and rows verified). Never None; an unreachable source is a one-line DataError."""
+        if (self.spec.get("data") or {}).get("builtin"):
+            return self.data_path(data_dir, rel)
+        return D.locate(rel, data_dir, download=self.download)
 
     def display_path(self, data_dir, rel: str) -> str:
-        p = self.data_path(data_dir, rel)
-        return str(p) if p is not None else f"<{D.ENV_DATA_DIR} unset>/{rel}"
+        return str(self.data_path(data_dir, rel))
 
     def jsonl_rows(self, data_dir, rel: str, fields: dict, expected: int, public: str, download) -> list[dict]:
-        """Rows of a JSONL data file (or of its public source when absent), fields and count checked."""
+        """Rows of a JSONL data file (local, or the verified public copy in the cache), fields and count checked.
+
+        ``public``/``download`` are the task modules' former fallbacks, unused now (``self.download`` fetches)."""
         path = self.local_file(data_dir, rel)
-        shown = self.display_path(data_dir, rel)
-        if path is not None:
-            rows = D.read_jsonl(path, fields)
-        else:
-            rows = D.from_public(shown, public, download)
-            for i, row in enumerate(rows, 1):
-                D.check_fields(row, fields, shown, i)
-        D.check_count(rows, expected, shown)
+        rows = D.read_jsonl(path, fields)
+        D.check_count(rows, expected, path)
         return rows
 
     def read_rows(self, data_dir) -> list[dict]:
@@ -183,7 +177,7 @@ class Task:
             return {}
         if subset not in subsets:
             known = ", ".join(["full"] + sorted(subsets))
-            raise ValueError(f"task {self.name}: unknown subset '{subset}'; known: {known}")
+            raise ValueError(f"task {self.name}: unknown subset '{subset}'; allowed: {known}")
         return dict(subsets[subset] or {})
 
     # ---- scoring -------------------------------------------------------------------------------------

@@ -99,6 +99,29 @@ def build_program(prompt: str, completion: str, entry_point: str, test: str) -> 
     return f"{code}\n\n{test}\n\ncheck({entry_point})\n", mode
 
 
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]{0,59})(?::[ \t]?(.*))?$")
+ERROR_MESSAGE_CHARS = 100   # of the program's exception message kept in the record (its output is never kept)
+
+
+def error_label(res) -> str:
+    """A short labelled error for the record: ``exception <Class>: <message, cut>`` when the program died of a
+    Python exception (the last line after a ``Traceback`` header), else the status and exit code. Nothing else of
+    the program's stdout/stderr reaches the records."""
+    if res.status == "timeout":
+        return "timeout"
+    if res.status == "error":
+        return f"sandbox error (exit {res.returncode})"
+    lines = res.stderr.rstrip("\n").split("\n")
+    if any(ln.startswith("Traceback (most recent call last):") for ln in lines):
+        m = _EXC_LINE.match(lines[-1])
+        if m:
+            msg = " ".join((m.group(2) or "").split())
+            msg = msg if len(msg) <= ERROR_MESSAGE_CHARS else msg[: ERROR_MESSAGE_CHARS - 3] + "..."
+            return f"exception {m.group(1)}" + (f": {msg}" if msg else "")
+    rc = res.returncode
+    return f"exit code {rc}" if rc is None or rc >= 0 else f"killed by signal {-rc}"
+
+
 class HumanEval(Task):
     name = "humaneval"
     FIELDS = {"task_id": "str", "prompt": "str", "canonical_solution": "str", "test": "str", "entry_point": "str"}
@@ -106,7 +129,7 @@ class HumanEval(Task):
     def read_rows(self, data_dir) -> list[dict]:
         rel = self.data_files[0]
         shown = self.display_path(data_dir, rel)
-        rows = self.jsonl_rows(data_dir, rel, self.FIELDS, self.spec["data"]["rows"], "Hugging Face openai/openai_humaneval test", _download)
+        rows = self.jsonl_rows(data_dir, rel, self.FIELDS, self.spec["data"]["rows"], "", None)
         seen = set()
         for i, row in enumerate(rows, 1):
             if row["task_id"] in seen:
@@ -116,7 +139,7 @@ class HumanEval(Task):
 
     def load(self, data_dir=None, limit=None, subset=None) -> list[Sample]:
         samples = super().load(data_dir, limit, subset)
-        choose_backend(self.options.get("sandbox_backend") or None)   # fail (or warn) before any generation
+        choose_backend(self.options.get("sandbox_backend") or None)   # refuse (one line) before any generation
         return samples
 
     def make_sample(self, index: int, row: dict) -> Sample:
@@ -136,9 +159,8 @@ class HumanEval(Task):
         o = self.options
         res = run_python(program, timeout_s=float(o["timeout_s"]), memory_mb=int(o["memory_mb"]),
                          max_procs=int(o["max_procs"]), backend=o.get("sandbox_backend") or None)
-        err = [ln for ln in res.stderr.strip().split("\n") if ln.strip()]
         return {"passed": int(res.passed), "status": res.status, "code_source": source, "assembly": mode,
-                "error": (err[-1][:300] if err and not res.passed else None), "wall_s": round(res.wall_s, 3),
+                "error": None if res.passed else error_label(res), "wall_s": round(res.wall_s, 3),
                 "sandbox": res.backend}
 
     def aggregate(self, samples, scored, outputs) -> dict:
@@ -158,9 +180,3 @@ class HumanEval(Task):
         out["sandbox_backend"] = sandbox_status(self.options.get("sandbox_backend") or None)["backend"]
         return out
 
-
-def _download() -> list[dict]:
-    from datasets import load_dataset  # lazy: only users without the local copy need it
-
-    ds = load_dataset("openai/openai_humaneval", split="test")
-    return [{k: r[k] for k in HumanEval.FIELDS} for r in ds]

@@ -4,9 +4,13 @@ Backend ``bwrap`` (bubblewrap): read-only root, private size-capped /tmp and /de
 new pid/net/ipc/uts namespaces (no network, loopback included; parent processes invisible), clean environment,
 and, when started as root, a fresh unprivileged uid per program so that RLIMIT_NPROC really applies (root is
 exempt from it) and nothing owned by root can be written or signalled.
-Backend ``rlimit`` (no bwrap): rlimits, clean environment, fresh temp cwd and a new session only; it is chosen
-with a loud warning and ``sandbox_status()`` lists what it does not enforce.
-Both: wall timeout that kills the whole process group/namespace, RLIMIT_CPU/AS/FSIZE/NOFILE/NPROC, output tails.
+Backend ``unshare`` (no bubblewrap, util-linux ``unshare``): the same containment from namespaces set up by
+``sandbox_unshare``; PID 1 of the program's pid namespace ends with the program, and the kernel kills every
+process left in it (no daemon survives).
+Backend ``rlimit``: rlimits, clean environment, fresh temp cwd and a new session only; it contains nothing and is
+used only when asked for explicitly (``MARS_BENCH_SANDBOX=rlimit`` or the task option ``sandbox_backend``).
+``auto`` takes bwrap, else unshare, else refuses with one line (``SandboxUnavailable``).
+``sandbox_status()`` lists what the chosen backend enforces here; each claim has a test (tests/test_tasks_sandbox.py).
 """
 from __future__ import annotations
 
@@ -26,7 +30,19 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import sandbox_unshare
+
 log = logging.getLogger("mars_bench.sandbox")
+
+BACKENDS = ("auto", "bwrap", "unshare", "rlimit")
+ENV_BACKEND = "MARS_BENCH_SANDBOX"   # an explicit user setting; wins over the task option sandbox_backend
+INSTALL_HINT = ("install bubblewrap (apt-get install bubblewrap, dnf install bubblewrap, or pacman -S "
+                "bubblewrap), or accept running model-written code uncontained (rlimits only) with "
+                f"{ENV_BACKEND}=rlimit")
+
+
+class SandboxUnavailable(ValueError):
+    """No backend that contains model-written code works here. The message is one line."""
 
 PATH_ENV = "/usr/local/bin:/usr/bin:/bin"
 _UID_BASE = 0x30000          # per-program uids: 196608 + ...; no passwd entry needed
@@ -183,75 +199,79 @@ def _bwrap_argv(exe: str, prefix: Path, prog_host: str, tmpfs_mb: int) -> list[s
     return a + [exe]
 
 
-def _probe_bwrap() -> bool:
+def _probe(backend: str) -> bool:
+    """True when ``backend`` runs a trivial program here (cached per process)."""
     with _lock:
-        if "bwrap" in _probe_cache:
-            return _probe_cache["bwrap"]
+        if backend in _probe_cache:
+            return _probe_cache[backend]
     ok = False
-    if shutil.which("bwrap"):
+    if shutil.which(backend):
         try:
-            r = _run("import os; print('ok')", backend="bwrap", timeout_s=30.0)
+            r = _run("import os; print('ok')", backend=backend, timeout_s=30.0)
             ok = r.status == "passed" and r.stdout.strip() == "ok"
             if not ok:
-                log.warning("bwrap is installed but failed its probe: %s", r.stderr.strip()[-300:])
+                log.warning("%s is installed but failed its probe: %s", backend, r.stderr.strip()[-300:])
         except OSError as e:
-            log.warning("bwrap probe failed: %s", e)
+            log.warning("%s probe failed: %s", backend, e)
     with _lock:
-        _probe_cache["bwrap"] = ok
+        _probe_cache[backend] = ok
     return ok
 
 
-def choose_backend(requested: str | None = None) -> str:
-    """'bwrap' when it is installed and works here, else 'rlimit' (with a loud warning)."""
-    if requested not in (None, "auto", "bwrap", "rlimit"):
-        raise ValueError(f"sandbox backend must be auto, bwrap or rlimit, got {requested!r}")
+def choose_backend(requested: str | None = None, *, usable=None) -> str:
+    """The backend to use: ``$MARS_BENCH_SANDBOX``, else ``requested``, else auto (bwrap, then unshare).
+
+    ``usable``: name -> bool, to force what is available (tests); by default each backend is probed once.
+    Raises ``SandboxUnavailable`` (one line) when nothing that contains the program works."""
+    requested = os.environ.get(ENV_BACKEND) or requested or "auto"
+    if requested not in BACKENDS:
+        raise SandboxUnavailable(f"sandbox backend {requested!r}; allowed: {', '.join(BACKENDS)}")
+    works = (lambda b: _probe(b)) if usable is None else (lambda b: bool(usable.get(b)))
     if requested == "rlimit":
+        _warn_uncontained()
         return "rlimit"
-    if _probe_bwrap():
-        return "bwrap"
-    if requested == "bwrap":
-        raise RuntimeError("sandbox backend 'bwrap' requested but bubblewrap is missing or does not work here")
+    for b in (("bwrap", "unshare") if requested == "auto" else (requested,)):
+        if works(b):
+            return b
+    what = "bubblewrap is missing or unusable and unshare namespaces are not permitted here" \
+        if requested == "auto" else f"sandbox backend {requested!r} is missing or does not work here"
+    raise SandboxUnavailable(f"HumanEval refuses to run model-written code: {what}; {INSTALL_HINT}")
+
+
+def _warn_uncontained() -> None:
     with _lock:
         warned = _probe_cache.get("warned", False)
         _probe_cache["warned"] = True
     if warned:
-        return "rlimit"
-    msg = ("SANDBOX DEGRADED: bubblewrap (bwrap) is unavailable; model-written code runs with rlimits, a clean "
-           "environment and a temp cwd only - NO read-only filesystem, NO network isolation. "
-           "Install bubblewrap (apt-get install bubblewrap).")
-    warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        return
+    msg = ("SANDBOX NOT CONTAINED (sandbox backend rlimit, chosen explicitly): model-written code runs with rlimits, "
+           "a clean environment and a temp cwd only - it can write files, use the network and leave processes.")
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
     log.warning(msg)
-    return "rlimit"
 
 
-def sandbox_status(backend: str | None = None) -> dict:
+# What each backend enforces. Every name here is checked by a test in tests/test_tasks_sandbox.py.
+_COMMON = ["wall_timeout", "rlimit_cpu", "rlimit_as_memory", "rlimit_fsize", "rlimit_nofile",
+           "clean_env(PATH,LANG,HOME=tempdir)", "fresh_temp_cwd_removed_after"]
+_CONTAINED = ["readonly_root_fs", "private_tmp_tmpfs_capped", "home_dirs_hidden", "no_network(net_namespace)",
+              "pid_namespace(parent_invisible)", "no_process_outlives_the_program"]
+
+
+def sandbox_status(backend: str | None = None, *, usable=None) -> dict:
     """What the chosen backend enforces on this machine (recorded in run summaries)."""
-    b = choose_backend(backend)
-    exe, _ = _python()
+    b = choose_backend(backend, usable=usable)
     root = _is_root()
-    common = ["wall_timeout_kills_process_group", "rlimit_cpu", "rlimit_as_memory", "rlimit_fsize",
-              "rlimit_nofile", "clean_env(PATH,LANG,HOME=tempdir)", "fresh_temp_cwd_removed_after"]
-    if b == "bwrap":
-        enforced = common + ["readonly_root_fs", "private_tmp_tmpfs_capped", "home_dirs_hidden",
-                             "no_network(net_namespace)", "pid_namespace(parent_invisible)", "ipc_uts_namespaces"]
+    if b in ("bwrap", "unshare"):
+        enforced = _COMMON + _CONTAINED
+        enforced += ["rlimit_nproc(per-run unprivileged uid)", "unprivileged_uid"] if root else \
+            ["rlimit_nproc(approximate: counts this user's processes)"]
         not_enforced = ["seccomp_syscall_filter", "disk_io_and_cpu_share_limits"]
-        if root:
-            enforced += ["rlimit_nproc(per-run unprivileged uid)", "unprivileged_uid"]
-        else:
-            enforced += ["rlimit_nproc(approximate: counts this user's processes)", "user_namespace"]
     else:
-        enforced = list(common)
-        not_enforced = ["readonly_fs", "network_isolation", "pid_namespace", "home_dirs_hidden",
-                        "seccomp_syscall_filter"]
-        if root and _world_accessible(exe):
-            enforced += ["rlimit_nproc(per-run unprivileged uid)", "unprivileged_uid(root files protected)"]
-        elif root:
-            not_enforced += ["rlimit_nproc(runs as root: exempt)", "unprivileged_uid"]
-            enforced += ["launcher_process(parent not signalled directly)"]
-        else:
-            enforced += ["rlimit_nproc(approximate: counts this user's processes)",
-                         "launcher_process(parent not signalled directly)"]
-    return {"backend": b, "enforced": enforced, "not_enforced": not_enforced, "bwrap": shutil.which("bwrap")}
+        uid_ok = root and _world_accessible(_python()[0])
+        enforced = _COMMON + (["rlimit_nproc(per-run unprivileged uid)", "unprivileged_uid"] if uid_ok else [])
+        not_enforced = _CONTAINED + ["seccomp_syscall_filter"] + ([] if uid_ok else ["rlimit_nproc", "unprivileged_uid"])
+    return {"backend": b, "enforced": enforced, "not_enforced": not_enforced, "bwrap": shutil.which("bwrap"),
+            "unshare": shutil.which("unshare")}
 
 
 def run_python(source: str, *, timeout_s: float = 10.0, memory_mb: int = 1024, max_procs: int = 64,
@@ -279,13 +299,16 @@ def _run(source: str, *, backend: str, timeout_s: float, memory_mb: int = 1024, 
         os.chmod(host, 0o755)
         os.chmod(prog, 0o644)
         cpu = int(math.ceil(cpu_s if cpu_s is not None else timeout_s)) + 1
-        nproc = max_procs if (root and (backend == "bwrap" or _world_accessible(exe))) else \
-            _user_procs() + max_procs
-        if root and (backend == "bwrap" or _world_accessible(exe)):
+        own_uid = root and (backend in ("bwrap", "unshare") or _world_accessible(exe))
+        nproc = max_procs if own_uid else _user_procs() + max_procs
+        if own_uid:
             uid = _new_uid()
         limits = [str(uid), str(memory_mb << 20), str(cpu), str(16 << 20), "256", str(nproc)]
         if backend == "bwrap":
             argv = _bwrap_argv(exe, prefix, prog, tmpfs_mb) + ["-I", "-c", _BOOT] + limits + ["exec", "prog.py"]
+            env, cwd = {"PATH": PATH_ENV, "LANG": "C.UTF-8"}, host
+        elif backend == "unshare":
+            argv = sandbox_unshare.argv(exe, root) + limits + [prog, str(tmpfs_mb), str(prefix)] + _hidden_dirs()
             env, cwd = {"PATH": PATH_ENV, "LANG": "C.UTF-8"}, host
         else:
             if uid >= 0:
@@ -312,7 +335,8 @@ def _run(source: str, *, backend: str, timeout_s: float, memory_mb: int = 1024, 
         status = "timeout"
     elif rc == 0:
         status = "passed"
-    elif rc == 125 or (backend == "bwrap" and rc == 1 and stderr.startswith("bwrap:")):
+    elif rc == 125 or (backend == "bwrap" and rc == 1 and stderr.startswith("bwrap:")) or \
+            (backend == "unshare" and rc == 1 and stderr.startswith("unshare:")):
         status = "error"
     else:
         status = "failed"
