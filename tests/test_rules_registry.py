@@ -39,7 +39,7 @@ def bad_values(knob):
         if knob.open_high:
             out.append(knob.high)
     if knob.integer:
-        out.append((knob.low or 0) + 1.5)
+        out += [(knob.low or 0) + 1.5, float("inf"), "inf"]   # int(inf) overflows: must still be one line
     return out
 
 
