@@ -103,7 +103,7 @@ def analytic(theta, sampled_top1):
 N_MC = 20000
 
 
-@pytest.mark.parametrize("theta,sampled_top1", [(0.8, "always"), (0.8, "margin"), (0.95, "always")])
+@pytest.mark.parametrize("theta,sampled_top1", [(0.8, "always"), (0.8, "margin"), (0.95, "always"), (0.95, "margin")])
 def test_acceptance_probability_matches_the_analytic_one(theta, sampled_top1):
     z = torch.stack([Z, Z])
     g = torch.Generator().manual_seed(2026)
