@@ -296,3 +296,27 @@ def test_the_rederivation_has_teeth(tiny, prompt_ids, name, settings, claim, tem
     with pytest.raises(AssertionError):
         for i, ids in enumerate(prompt_ids[:PROMPTS_SAMPLED]):
             rederive_chain(tiny, ids, name, settings, 4, temperature, 1.0, 100 + i, claim=claim)
+
+
+@pytest.mark.parametrize("children", ["topk", "sample"])
+def test_sampled_tree_typical_relaxed_nodes_hold_on_fresh_logits(tiny, prompt_ids, children):
+    """typical corrects from p_target (never the residual), so each sibling is judged on the fresh
+    p_target itself: every lenient node passes p_target(d) > min(epsilon, alpha exp(-H)) there."""
+    target, draft, tok = tiny
+    s = get_rule("typical").settings({})
+    cfg = DecodeConfig(max_new_tokens=MAX_NEW, temperature=1.0, eos_ids=(EOS,))
+    spec = TreeSpec(depth=2, top_k=3, total_tokens=10, children=children)
+    n = 0
+    for i, ids in enumerate(prompt_ids[:PROMPTS_AUDIT]):
+        res = generate(target, draft, tok, ids, Method("sd_tree", rule="typical"), cfg, seed=i, tree=spec)
+        z_all = fresh_logits(target.model, ids + res.tokens, target.out_vocab)[len(ids) - 1:]
+        assert res.outcome.count("R") == len(res.relaxed)
+        for e in res.relaxed:
+            if e["pos"] >= len(res.tokens):
+                continue
+            z = z_all[e["pos"]][None]
+            p = warp64(z, 1.0, 1.0)   # typical's verdict does not read u or q_draft
+            acc, _ = expected("typical", s, torch.tensor([e["draft"]]), z, p, torch.ones_like(p), torch.zeros(1))
+            assert acc[0] and e["clause"] == "typical" and res.tokens[e["pos"]] == e["draft"]
+            n += 1
+    assert n > 0
