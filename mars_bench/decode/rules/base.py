@@ -84,7 +84,7 @@ class Knob:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
             raise bad
         if self.integer:
-            if value != int(value) or math.isinf(value):
+            if math.isinf(value) or value != int(value):   # int(inf) would raise OverflowError
                 raise bad
             value = int(value)
         if self.low is not None and (value < self.low or (self.open_low and value == self.low)):
