@@ -148,10 +148,12 @@ class Rule:
                 out.append(f"{k.tag}{v:g}")
         return out
 
-    def __call__(self, draft, z, p_target=None, q_draft=None, u=None, **settings) -> Verdict:
-        """The rule's verdict on k drafts (see the module docstring); missing settings take defaults."""
+    def __call__(self, draft, z, p_target=None, q_draft=None, u=None, p_standard=None, **settings) -> Verdict:
+        """The rule's verdict on k drafts (see the module docstring); missing settings take defaults.
+        ``p_standard``: the distribution of the standard test when it is not p_target (a later sibling
+        in a sampled tree is tested against the residual; the rule's clauses read the target's own)."""
         s = {**self.defaults, **settings}
-        std = standard(draft, z, p_target, q_draft, u)
+        std = standard(draft, z, p_target if p_standard is None else p_standard, q_draft, u)
         accept, clause = self.fn(draft, z, p_target, q_draft, u, std, **s)
         lenient = accept & ~std
         clause = torch.where(lenient, clause.clamp(1, len(self.clauses)), torch.zeros_like(clause))

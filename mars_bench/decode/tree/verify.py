@@ -88,13 +88,13 @@ def verify_sampled(rule, tree: DraftTree, z: torch.Tensor, temperature: float, t
                    gen: torch.Generator, **rule_kwargs) -> TreeVerdict:
     node, path, clause, vocab = 0, [], [], z.shape[-1]
     while True:
-        p = sampling.warp(z[node], temperature, top_p)
+        p = p_node = sampling.warp(z[node], temperature, top_p)
         nxt = None
         for i, c in enumerate(tree.children[node]):
             q = tree.child_q(node, i, vocab, z.device)
             u = torch.rand(1, generator=gen, device=z.device)
-            v = rule(torch.tensor([tree.tokens[c]], device=z.device), z[node][None], p[None], q[None], u,
-                     **rule_kwargs)
+            v = rule(torch.tensor([tree.tokens[c]], device=z.device), z[node][None], p_node[None], q[None], u,
+                     p_standard=p[None], **rule_kwargs)   # the standard test on the residual, clauses on p_target
             if bool(v.accept[0]):
                 nxt = c
                 clause.append(_name(rule, int(v.clause[0])))
