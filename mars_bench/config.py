@@ -106,7 +106,7 @@ class Config:
     results_dir: str = "results"    # where runs are written
     progress: bool = True           # progress bars
     stats: Any = field(default_factory=lambda: asdict(StatsSettings()))  # intervals and tests: defaults in stats.py
-    compare: Any = field(default_factory=list)  # interleaved methods: a list of override lists (conf/compare/)
+    interleave: Any = field(default_factory=list)  # methods decoded interleaved: a list of override lists (conf/compare/)
 
 
 def register() -> None:
@@ -354,7 +354,7 @@ def check_overrides(argv: list[str], conf_dir: str | None = None) -> None:
             continue
         values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
         if key in groups:
-            options = sorted(p.stem for p in (conf / key).glob("*.yaml"))
+            options = sorted(p.stem for p in (conf / key).glob("*.yaml"))   # a group option 
             for v in values:
                 if v not in options:
                     raise ConfigError(f"{key}={v!r}; allowed: {', '.join(options)}")

@@ -3,7 +3,7 @@ rest (records written one by one), then write ``summary.json`` atomically.
 
 Two ways to compare methods (docs/reproduce.md):
   * one method per job (``mars-bench -m method=ar,sd,mars``): jobs run one after another;
-  * interleaved (``compare``: a list of override lists, e.g. ``+compare=methods``): one job loads the
+  * interleaved (``interleave``: a list of override lists, e.g. ``+compare=methods``): one job loads the
     models once and decodes each sample with every compared method in turn, rotating the order per
     sample, so drift in the machine's speed lands on all methods alike and shows up as a wider
     interval instead of a false speedup. Each method still writes its own run directory, resumable.
@@ -75,8 +75,8 @@ class Job:
 
 
 def run(cfg) -> dict | list[dict]:
-    """One job; with ``compare`` set, every compared method of it, interleaved (returns their summaries)."""
-    if cfg.get("compare"):
+    """One job; with ``interleave`` set, every compared method of it, interleaved (returns their summaries)."""
+    if cfg.get("interleave"):
         return run_interleaved(cfg, variant_configs(cfg))
     job = Job(cfg)
     log.info("%s: %d samples (%d already done) -> %s", job.label, len(job.samples),
@@ -98,22 +98,22 @@ def run(cfg) -> dict | list[dict]:
 
 
 def variant_configs(cfg) -> list:
-    """The config of every entry of ``compare`` (a list of override lists), composed like a job of a sweep
+    """The config of every entry of ``interleave`` (a list of override lists), composed like a job of a sweep
     from this job's own overrides plus the entry's; entries may change only method.* and rule.*."""
     from hydra import compose
     from hydra.core.hydra_config import HydraConfig
 
-    base = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith("compare")]
+    base = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").split("=")[0] in ("interleave", "compare")]
     out = []
-    for entry in cfg.compare:
+    for entry in cfg.interleave:
         entry = [entry] if isinstance(entry, str) else list(entry)
         bad = [o for o in entry if o.split("=")[0].lstrip("+~").split(".")[0] not in ("method", "rule")]
         if bad:
-            raise C.ConfigError(f"compare entry {bad[0]!r}; allowed: overrides of method.* and rule.* only "
+            raise C.ConfigError(f"interleave entry {bad[0]!r}; allowed: overrides of method.* and rule.* only "
                                 "(the compared methods share model, task and decoding settings)")
         v = compose(config_name="config", overrides=base + entry)
         OmegaConf.set_struct(v, False)
-        v.compare = []
+        v.interleave = []
         out.append(v)
     return out
 
@@ -123,7 +123,7 @@ def run_interleaved(cfg, variants: list) -> list[dict]:
     tags = [j.tag.format() for j in jobs]
     dup = {t for t in tags if tags.count(t) > 1}
     if dup:
-        raise C.ConfigError(f"compare lists the same run twice: {sorted(dup)[0]}")
+        raise C.ConfigError(f"interleave lists the same run twice: {sorted(dup)[0]}")
     samples = jobs[0].samples
     todo = sum(len(j.todo) for j in jobs)
     log.info("interleaved: %d methods x %d samples (%d decodes to do) on %s", len(jobs), len(samples), todo,

@@ -1,4 +1,4 @@
-"""Interleaved comparison (``compare``): one process decodes each sample with every method in turn,
+"""Interleaved comparison (``interleave``): one process decodes each sample with every method in turn,
 rotating the order per sample; outputs equal the one-method-per-job runs, each method keeps its own
 resumable run directory, and the records say how they were timed."""
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_interleaved_resumes_and_refuses_bad_entries(tmp_path):
     res = cli("+compare=methods", "limit=3", "max_new_tokens=8", r)
     assert res.returncode == 0 and "(3 decodes to do)" in res.stderr + res.stdout
     assert all(len(v) == 3 for v in records(tmp_path / "r").values())
-    bad = cli("+compare=methods", "compare=[[method=ar],[task=gsm8k]]", r)
-    assert bad.returncode == 2 and "compare entry 'task=gsm8k'" in bad.stderr and "Traceback" not in bad.stderr
-    bad = cli("compare=[[method=ar],[method=mars,rule.theta=7]]", r)
+    bad = cli("+compare=methods", "interleave=[['method=ar'],['task=gsm8k']]", r)
+    assert bad.returncode == 2 and "interleave entry 'task=gsm8k'" in bad.stderr and "Traceback" not in bad.stderr
+    bad = cli("interleave=[['method=ar'],['method=mars','rule.theta=7']]", r)
     assert bad.returncode == 2 and "rule.theta=7" in bad.stderr and "Traceback" not in bad.stderr

@@ -189,9 +189,9 @@ def test_every_compare_entry_composes_and_validates(hydra_ctx, override):
     from mars_bench.tags import RunTag
 
     base = compose("config", overrides=[override])
-    assert len(base.compare) >= 3
+    assert len(base.interleave) >= 3
     tags = []
-    for entry in base.compare:
+    for entry in base.interleave:
         cfg = compose("config", overrides=[override, *entry])
         C.validate(cfg)
         tags.append(RunTag.from_config(cfg, 64).format())
