@@ -101,6 +101,7 @@ class Config:
     max_new_tokens: Optional[int] = None  # overrides the task's default, the same for every method
     temperature: float = 0.0        # 0 = greedy
     top_p: float = 1.0              # nucleus filtering when sampling, in (0, 1]
+    batch_size: int = 1             # chains (ar, sd + any rule): sequences decoded at once, refilled as each ends (docs/batching.md)
     data_dir: str = "../shared/data"  # benchmark data (env MARS_BENCH_DATA_DIR wins)
     results_dir: str = "results"    # where runs are written
     progress: bool = True           # progress bars
@@ -188,6 +189,9 @@ def validate(cfg: Any) -> None:
     if not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p={cfg.top_p!r}; allowed: a number in (0, 1]")
     _one_of("logger.name", cfg.logger.name, ("none", "wandb"))
+    if _int_at_least("batch_size", cfg.get("batch_size", 1), 1) > 1 and method.name in TREE:
+        raise ConfigError(f"batch_size={cfg.batch_size} with method={m.name}: trees decode at batch_size=1 only; "
+                          f"allowed for batch_size > 1: {', '.join(CHAIN)} (with any chain rule)")
     try:
         StatsSettings.from_cfg(cfg)
     except ValueError as e:
