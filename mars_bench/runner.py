@@ -238,7 +238,6 @@ class Models:
         from .tasks import build_messages
 
         cfg, task, tok, bsz = job.cfg, job.task, self.pair.tokenizer, _batch_size(job.cfg)
-        atomic_write_text(job.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         dcfg = C.decode_config(cfg, job.max_new, self.eos, task.stop_strings)
         state = {s.id: ([], []) for s, _ in todo}      # outputs, turn records
 
@@ -266,6 +265,7 @@ class Models:
                          job.method.k + 1)
         except ValueError as e:
             raise C.ConfigError(str(e)) from None
+        atomic_write_text(job.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         generate_batch(self.pair.target, self.pair.draft, tok, iter(first), job.method, dcfg, bsz, on_done)
 
 

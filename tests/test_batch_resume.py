@@ -82,3 +82,14 @@ def test_two_turn_task_batched_equals_batch1(tmp_path):
     one, two = (_outputs(p / "samples.jsonl") for p in runs)
     assert len(one) == 5 and one == two
     assert all(len(turns) == 2 for turns in two.values())
+
+
+def test_batch_too_large_for_memory_is_one_line_and_writes_nothing(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "mars_bench.cli", "model=tiny", "method=sd", "limit=2", "progress=false",
+                        "batch_size=100000000", f"results_dir={tmp_path}"], cwd=ROOT, env=_env(), capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert "batch_size=100000000 needs" in last and "the largest batch that fits is" in last
+    assert "Traceback" not in r.stderr
+    assert not list(tmp_path.rglob("*.jsonl")) and not list(tmp_path.rglob("config.yaml"))
