@@ -86,7 +86,7 @@ def run(cfg) -> dict | list[dict]:
         if job.todo and _batch_size(cfg) > 1:
             ctx = Models(cfg, [job.method])
             bar = _progress(None, job.label, cfg.progress, total=len(job.todo))
-            ctx.decode_batched(job, [(s, i) for i, s in enumerate(job.samples) if s.id in job.todo],
+            ctx.decode_batched(job, [(i, s) for i, s in enumerate(job.samples) if s.id in job.todo],
                                lambda sample, rec: (_write(job, sample, rec, logger), bar.update(1)))
             bar.close()
         elif job.todo:   # a finished run (e.g. a reused ar baseline) loads no model: it only re-summarizes
@@ -179,7 +179,7 @@ def _interleave_batched(ctx, jobs, samples, loggers, bar, batch_size: int) -> No
         part = indexed[start:start + chunk]
         for n in range(len(jobs)):
             j = (c + n) % len(jobs)
-            todo = [(s, i) for i, s in part if s.id in jobs[j].todo]
+            todo = [(i, s) for i, s in part if s.id in jobs[j].todo]
             if todo:
                 ctx.decode_batched(jobs[j], todo, lambda sample, rec, j=j: (_write(jobs[j], sample, rec, loggers[j]),
                                                                             bar.update(1)), order=n)
@@ -230,18 +230,21 @@ class Models:
             turns.append(_turn_record(res, ids, outputs[-1]))
         return _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order)
 
-    def decode_batched(self, job: Job, todo: list, write, order: int = 0) -> None:
-        """Samples ``todo`` ([(sample, index)]) with the job's method at ``batch_size`` rows (decode.batch):
+    def decode_batched(self, job: Job, todo: list, write, order: int = 0, source=None) -> None:
+        """Samples ``todo`` ([(index, sample)]) with the job's method at ``batch_size`` rows (decode.batch):
         a sample's turns run in sequence in its slot, seeded as ``decode`` seeds them; ``write(sample,
-        record)`` is called as each sample finishes, in finish order."""
+        record)`` is called as each sample finishes, in finish order. ``source``: an iterable over (a part
+        of) ``todo`` read lazily, one pair as a slot frees (default: ``todo``); the memory check uses all
+        of ``todo``."""
         from .decode.batch import Request, check_memory, generate_batch
         from .tasks import build_messages
 
         cfg, task, tok, bsz = job.cfg, job.task, self.pair.tokenizer, _batch_size(job.cfg)
         dcfg = C.decode_config(cfg, job.max_new, self.eos, task.stop_strings)
-        state = {s.id: ([], []) for s, _ in todo}      # outputs, turn records
+        state = {}      # sample id -> (outputs, turn records)
 
         def request(sample, index, t):
+            state.setdefault(sample.id, ([], []))
             ids = tok.apply_chat_template(build_messages(task, sample, state[sample.id][0], t),
                                           add_generation_prompt=True, return_dict=False)
             return Request(ids, seed=cfg.seed * 1_000_003 + index + 100_003 * t, key=(sample, index, t))
@@ -257,16 +260,17 @@ class Models:
             del state[sample.id]
             return None
 
-        first = [request(s, i, 0) for s, i in todo]
-        turns = max(len(s.turns) for s, _ in todo)
+        longest = max(len(request(s, i, 0).prompt) for i, s in todo)
+        state.clear()
+        turns = max(len(s.turns) for _, s in todo)
         try:   # a conservative bound: later turns hold earlier prompts and outputs
             check_memory([self.pair.target, self.pair.draft if job.method.speculative else None], bsz,
-                         turns * (max(len(r.prompt) for r in first) + job.max_new + job.method.k + 1),
-                         job.method.k + 1)
+                         turns * (longest + job.max_new + job.method.k + 1), job.method.k + 1)
         except ValueError as e:
             raise C.ConfigError(str(e)) from None
         atomic_write_text(job.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-        generate_batch(self.pair.target, self.pair.draft, tok, iter(first), job.method, dcfg, bsz, on_done)
+        queue = (request(s, i, 0) for i, s in (todo if source is None else source))
+        generate_batch(self.pair.target, self.pair.draft, tok, queue, job.method, dcfg, bsz, on_done)
 
 
 def _as_list(x):
