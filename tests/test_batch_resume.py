@@ -93,3 +93,20 @@ def test_batch_too_large_for_memory_is_one_line_and_writes_nothing(tmp_path):
     assert "batch_size=100000000 needs" in last and "the largest batch that fits is" in last
     assert "Traceback" not in r.stderr
     assert not list(tmp_path.rglob("*.jsonl")) and not list(tmp_path.rglob("config.yaml"))
+
+
+def test_interleaved_batched_equals_interleaved_batch1(tmp_path):
+    """+compare=methods at batch_size=2: chunks of 4 x B samples, method order rotated per chunk."""
+    args = ["model=tiny", "+compare=methods", "limit=10", "max_new_tokens=12", "progress=false",
+            f"results_dir={tmp_path}"]
+    for b in (1, 2):
+        r = subprocess.run([sys.executable, "-m", "mars_bench.run", *args, f"batch_size={b}"], cwd=ROOT, env=_env(),
+                           capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr[-2000:]
+    base = tmp_path / "tiny_fp32_cpu" / "prompts-v1"
+    for head in ("ar", "sd-k4", "mars-k4-th0.9"):
+        one = _outputs(base / f"{head}-T0-p1-n12-s0" / "samples.jsonl")
+        recs, _ = read_samples(base / f"{head}-b2-T0-p1-n12-s0" / "samples.jsonl")
+        assert len(one) == 10 and {r["id"]: [t["output_ids"] for t in r["turns"]] for r in recs} == one
+        assert len({r["order"] for r in recs}) == 2                         # two chunks, rotated order
+        assert {r["timing"] for r in recs} == {"interleaved"} and {r["batch_size"] for r in recs} == {2}
