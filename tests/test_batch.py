@@ -56,7 +56,7 @@ _B1 = {}
 
 
 def batch1(tiny, prompts, name, k, cfg, seeds=None):
-    key = (name, k, cfg, None if seeds is None else tuple(seeds))
+    key = (name, k, cfg, None if seeds is None else tuple(seeds), tuple(map(tuple, prompts)))
     if key not in _B1:
         target, draft, tok = tiny
         _B1[key] = [generate(target, draft, tok, ids, METHODS[name](k), cfg, seed=0 if seeds is None else seeds[i]).tokens
@@ -227,3 +227,12 @@ def test_run_tag_batch_part():
         t = RunTag.parse(old)
         assert t.batch_size == 1 and t.format() == old
     assert RunTag.parse("sd-k4-draftint8-b2-T0-p1-n8-s0").draft_quant == "int8"
+
+
+def test_one_token_prompts_start_an_empty_cache(tiny):
+    """Prompts of one token prefill nothing: the batched cache starts from the first batched forward."""
+    cfg = DecodeConfig(max_new_tokens=10)
+    short = [[5], [7, 8], [9], [11]]
+    for name in ("ar", "sd"):
+        got = run_batch(tiny, short, METHODS[name](3), cfg, 3)
+        assert [got[i].tokens for i in range(4)] == batch1(tiny, short, name, 3, cfg)
