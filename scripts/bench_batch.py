@@ -30,7 +30,7 @@ from mars_bench.records import TAU_DEFINITION  # noqa: E402
 GOAL = 1.8          # sd at its best B over sd at B = 1 (issue 12)
 
 
-def load(tiny: bool):
+def load(tiny: bool, model: str | None = None):
     """(target, draft, tokenizer, fast kernel) of the embedded default pair on its fast path, or the tiny pair."""
     from mars_bench.models import fastpath
 
@@ -48,7 +48,7 @@ def load(tiny: bool):
 
     C.register()
     with initialize_config_dir(config_dir=str(ROOT / "mars_bench" / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config")
+        cfg = compose(config_name="config", overrides=[f"model={model}"] if model else [])
     pair = load_pair(cfg.model, need_draft=True)
     return pair.target, pair.draft, pair.tokenizer, fastpath.kind(pair.target.model)
 
@@ -93,12 +93,14 @@ def main():
     ap.add_argument("--theta", type=float, default=0.9)
     ap.add_argument("--rounds", type=int, default=1, help="measurements of every cell (order rotated)")
     ap.add_argument("--tiny", action="store_true", help="the tiny random pair (a smoke run of this script)")
+    ap.add_argument("--model", default=None, help="a conf/model entry instead of the default pair (e.g. tiny: "
+                    "the embedded code path on GSM8K/HumanEval prompts, in seconds)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench"))
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     data_dir = os.environ.get("MARS_BENCH_DATA_DIR", str(ROOT.parent / "shared" / "data"))
-    target, draft, tok, kernel = load(args.tiny)
+    target, draft, tok, kernel = load(args.tiny, args.model)
     gen_eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
     eos = sorted(({tok.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos])) - {None})
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_ids=tuple(eos))
@@ -140,7 +142,7 @@ def main():
 def write(out: Path, args, table, mars_over_sd, goal, kernel, n_prompts):
     out.mkdir(parents=True, exist_ok=True)
     name = "batch_tiny" if args.tiny else "batch"
-    meta = {"pair": "tiny" if args.tiny else "embedded default", "prompts": n_prompts,
+    meta = {"pair": "tiny" if args.tiny else args.model or "embedded default", "prompts": n_prompts,
             "max_new_tokens": args.max_new_tokens, "k": args.k, "theta": args.theta, "rounds": args.rounds,
             "threads": args.threads, "fast_kernel": kernel, "torch": torch.__version__}
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": table, "mars_over_sd": mars_over_sd,
