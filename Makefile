@@ -50,6 +50,7 @@ figures: $(STAMP)
 # Speed of every decoding path on the embedded pair, side by side in one run -> results/bench/
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py
+	$(BIN)/python scripts/bench_batch.py
 
 # Fast tier: tiny random models, CPU, minutes. The real-pair tier is `make test-slow`.
 test: $(STAMP)

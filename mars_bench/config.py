@@ -103,6 +103,7 @@ class Config:
     top_p: float = 1.0              # nucleus filtering when sampling, in (0, 1]
     data_dir: Optional[str] = None  # [rel] benchmark data; null: ../shared/data beside the checkout if present, else
     #                                 the user cache, filled from the public sources (tasks/data.py); env MARS_BENCH_DATA_DIR wins
+    batch_size: int = 1             # chains (ar, sd + any rule): sequences decoded at once, refilled as each ends (docs/batching.md)
     results_dir: str = "results"    # where runs are written
     progress: bool = True           # progress bars
     stats: Any = field(default_factory=lambda: asdict(StatsSettings()))  # intervals and tests: defaults in stats.py
@@ -189,6 +190,9 @@ def validate(cfg: Any) -> None:
     if not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p={cfg.top_p!r}; allowed: a number in (0, 1]")
     _one_of("logger.name", cfg.logger.name, ("none", "wandb"))
+    if _int_at_least("batch_size", cfg.get("batch_size", 1), 1) > 1 and method.name in TREE:
+        raise ConfigError(f"batch_size={cfg.batch_size} with method={m.name}: trees decode at batch_size=1 only; "
+                          f"allowed for batch_size > 1: {', '.join(CHAIN)} (with any chain rule)")
     try:
         StatsSettings.from_cfg(cfg)
     except ValueError as e:

@@ -83,7 +83,14 @@ def run(cfg) -> dict | list[dict]:
              len(job.samples) - len(job.todo), job.run_dir)
     logger = make_logger(cfg.logger, job.run_dir, cfg)
     try:
-        if job.todo:   # a finished run (e.g. a reused ar baseline) loads no model: it only re-summarizes
+        if job.todo and _batch_size(cfg) > 1:
+            ctx = Models(cfg, [job.method])
+            bar = _progress(None, job.label, cfg.progress, total=len(job.todo))
+            todo = [(i, s) for i, s in enumerate(job.samples) if s.id in job.todo]
+            ctx.decode_batched(job, todo, lambda sample, rec: (_write(job, sample, rec, logger), bar.update(1)),
+                               source=job.writer.claimed(todo))   # no sample twice
+            bar.close()
+        elif job.todo:   # a finished run (e.g. a reused ar baseline) loads no model: it only re-summarizes
             ctx = Models(cfg, [job.method])
             todo = [(i, smp) for i, smp in enumerate(job.samples) if smp.id in job.todo]
             for i, sample in _progress(job.writer.claimed(todo), job.label, cfg.progress):   # no sample twice
@@ -134,7 +141,9 @@ def run_interleaved(cfg, variants: list) -> list[dict]:
             ctx = Models(cfg, [j.method for j in jobs])
             bar = _progress(None, f"{cfg.model.name} | {jobs[0].task.name} | {len(jobs)} methods interleaved",
                             cfg.progress, total=todo)
-            for i, sample in enumerate(samples):
+            if _batch_size(cfg) > 1:
+                _interleave_batched(ctx, jobs, samples, loggers, bar, _batch_size(cfg))
+            for i, sample in enumerate(samples if _batch_size(cfg) == 1 else []):
                 for n in range(len(jobs)):           # rotate the order per sample
                     j = (i + n) % len(jobs)
                     if sample.id in jobs[j].todo and jobs[j].writer.claim(sample.id):   # another process may hold it
@@ -158,6 +167,29 @@ def run_interleaved(cfg, variants: list) -> list[dict]:
     for j, s in zip(jobs, summaries):
         log.info("%s: %s", j.label, {k: s["totals"][k] for k in ("tokens_per_s", "tau", "n_relaxed")})
     return summaries
+
+
+CHUNK_BATCHES = 4   # interleaved and batched: each method decodes 4 x batch_size samples in turn
+
+
+def _batch_size(cfg) -> int:
+    return int(cfg.get("batch_size", 1) or 1)
+
+
+def _interleave_batched(ctx, jobs, samples, loggers, bar, batch_size: int) -> None:
+    """Interleaving at batch size B: chunks of CHUNK_BATCHES * B samples, each decoded (batched, refilled)
+    by every compared method in turn, the order rotated per chunk."""
+    chunk = CHUNK_BATCHES * batch_size
+    indexed = list(enumerate(samples))
+    for c, start in enumerate(range(0, len(indexed), chunk)):
+        part = indexed[start:start + chunk]
+        for n in range(len(jobs)):
+            j = (c + n) % len(jobs)
+            todo = [(i, s) for i, s in part if s.id in jobs[j].todo]
+            if todo:
+                ctx.decode_batched(jobs[j], todo, lambda sample, rec, j=j: (_write(jobs[j], sample, rec, loggers[j]),
+                                                                            bar.update(1)), order=n,
+                                   source=jobs[j].writer.claimed(todo))
 
 
 def _write(job: Job, sample, record: dict, logger) -> None:
@@ -204,6 +236,48 @@ class Models:
             outputs.append(tok.decode(res.tokens, skip_special_tokens=True))
             turns.append(_turn_record(res, ids, outputs[-1]))
         return _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order)
+
+    def decode_batched(self, job: Job, todo: list, write, order: int = 0, source=None) -> None:
+        """Samples ``todo`` ([(index, sample)]) with the job's method at ``batch_size`` rows (decode.batch):
+        a sample's turns run in sequence in its slot, seeded as ``decode`` seeds them; ``write(sample,
+        record)`` is called as each sample finishes, in finish order. ``source``: an iterable over (a part
+        of) ``todo`` read lazily, one pair as a slot frees (default: ``todo``); the memory check uses all
+        of ``todo``."""
+        from .decode.batch import Request, check_memory, generate_batch
+        from .tasks import build_messages
+
+        cfg, task, tok, bsz = job.cfg, job.task, self.pair.tokenizer, _batch_size(job.cfg)
+        dcfg = C.decode_config(cfg, job.max_new, self.eos, task.stop_strings)
+        state = {}      # sample id -> (outputs, turn records)
+
+        def request(sample, index, t):
+            state.setdefault(sample.id, ([], []))
+            ids = tok.apply_chat_template(build_messages(task, sample, state[sample.id][0], t),
+                                          add_generation_prompt=True, return_dict=False)
+            return Request(ids, seed=cfg.seed * 1_000_003 + index + 100_003 * t, key=(sample, index, t))
+
+        def on_done(req, res):
+            sample, index, t = req.key
+            outputs, turns = state[sample.id]
+            outputs.append(tok.decode(res.tokens, skip_special_tokens=True))
+            turns.append({**_turn_record(res, req.prompt, outputs[-1]), "span_s": res.span_s})
+            if t + 1 < len(sample.turns):
+                return request(sample, index, t + 1)
+            write(sample, _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order))
+            del state[sample.id]
+            return None
+
+        longest = max(len(request(s, i, 0).prompt) for i, s in todo)
+        state.clear()
+        turns = max(len(s.turns) for _, s in todo)
+        try:   # a conservative bound: later turns hold earlier prompts and outputs
+            check_memory([self.pair.target, self.pair.draft if job.method.speculative else None], bsz,
+                         turns * (longest + job.max_new + job.method.k + 1), job.method.k + 1)
+        except ValueError as e:
+            raise C.ConfigError(str(e)) from None
+        atomic_write_text(job.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        queue = (request(s, i, 0) for i, s in (todo if source is None else source))
+        generate_batch(self.pair.target, self.pair.draft, tok, queue, job.method, dcfg, bsz, on_done)
 
 
 def _as_list(x):
@@ -253,4 +327,4 @@ def _sample_record(job: Job, sample, index, turns, score, fast_kernel: str, orde
             "n_proposed": sum(sum(t["proposed"]) for t in turns), "n_accepted": n_acc,
             "n_exact": n_acc - len(lenient), "n_relaxed": len(lenient), "n_by_clause": by_clause,
             "prefill_s": s("prefill_s"), "wall_s": s("wall_s"), "target_s": s("target_s"),
-            "draft_s": s("draft_s"), "score": score, "turns": turns}
+            "draft_s": s("draft_s"), "score": score, "batch_size": _batch_size(cfg), "turns": turns}

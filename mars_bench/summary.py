@@ -164,6 +164,7 @@ def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | No
         "rule_settings": method.rule_kwargs, "lossless": (not method.speculative) or RULES[method.rule].lossless,
         "theta": method.rule_kwargs.get("theta"),
         "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
+        "batch_size": int(cfg.get("batch_size", 1)),   # > 1: tokens/s is the run's throughput, not a latency
         "config": OmegaConf.to_container(cfg, resolve=True),
         "manifest": R.manifest(), "data_sha256": task.data_sha256(data_dir),
         "totals": R.totals([r for _, r in ordered]), "quality": quality,

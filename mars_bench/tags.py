@@ -2,12 +2,14 @@
 
 A run directory's name holds every setting that changes outputs, so rerunning a command resumes it and
 runs never mix:
-    <head>[-k<k>][-<tree shape>][-sample][-<rule settings>][-pmin<p>][-draft<quant>]-T<T>-p<top_p>-n<max new>-s<seed>
+    <head>[-k<k>][-<tree shape>][-sample][-<rule settings>][-pmin<p>][-draft<quant>][-b<B>]-T<T>-p<top_p>-n<max new>-s<seed>
 head: the drafting scheme (ar, sd, sd_tree, eagle3) with rule exact; the release presets for rule mars
 (mars, mars_tree, eagle3_mars, so older results stay readable); otherwise <scheme>+<rule>
 (e.g. sd+topk_delta). Rule settings come from the rule's registration (``Rule.tag_parts``): numbers
 as <prefix><value>, switches only when not at their default. Parts are separated by '-' followed by
-a letter, so numbers such as 1e-05 stay whole.
+a letter, so numbers such as 1e-05 stay whole. -b<B> is the batch size, present only when B > 1, so
+batched runs (throughput, docs/batching.md) never mix with batch-size-1 runs; their ar baseline is the
+ar run at the same B.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ class RunTag:
     settings: dict = field(default_factory=dict)   # the rule's settings (defaults filled in)
     p_min: float = 0.0              # chains: adaptive draft length
     draft_quant: str | None = None  # int8 when the draft model is quantized
+    batch_size: int = 1             # sequences decoded at once (in the tag only when > 1)
 
     # ---- building ----------------------------------------------------------------------------
     @classmethod
@@ -59,7 +62,8 @@ class RunTag:
                    k=m.k if m.name == "sd" else None, tree=tree,
                    sample_children=m.name in TREE and m.tree.get("children") == "sample" and cfg.temperature > 0,
                    settings=dict(m.rule_kwargs) if m.speculative else {},
-                   p_min=m.p_min if m.name == "sd" else 0.0, draft_quant=None if quant in (None, "none") else quant)
+                   p_min=m.p_min if m.name == "sd" else 0.0, draft_quant=None if quant in (None, "none") else quant,
+                   batch_size=int(cfg.get("batch_size", 1) or 1))
 
     @property
     def head(self) -> str:
@@ -82,6 +86,8 @@ class RunTag:
             parts.append(f"pmin{_fmt(self.p_min)}")
         if self.draft_quant:
             parts.append(f"draft{self.draft_quant}")
+        if self.batch_size > 1:
+            parts.append(f"b{self.batch_size}")
         parts += [f"T{_fmt(self.temperature)}", f"p{_fmt(self.top_p)}", f"n{self.max_new_tokens}", f"s{self.seed}"]
         return "-".join(parts)
 
@@ -90,7 +96,8 @@ class RunTag:
     # ---- related runs ------------------------------------------------------------------------
     def baseline(self) -> "RunTag":
         """The ar run of the same target and settings (speedup, fidelity)."""
-        return RunTag("ar", "exact", self.temperature, self.top_p, self.max_new_tokens, self.seed)
+        return RunTag("ar", "exact", self.temperature, self.top_p, self.max_new_tokens, self.seed,
+                      batch_size=self.batch_size)
 
     def lossless_reference(self) -> "RunTag | None":
         """The same drafting with rule exact (sd for a lossy chain rule), or None for ar / exact."""
@@ -110,7 +117,7 @@ class RunTag:
             scheme, rule = _scheme_rule(parts[0])
         except ValueError:
             return None
-        out = {"k": None, "tree": None, "sample_children": False, "p_min": 0.0, "draft_quant": None}
+        out = {"k": None, "tree": None, "sample_children": False, "p_min": 0.0, "draft_quant": None, "batch_size": 1}
         body = parts[1:-4]
         if body and scheme == "sd" and re.fullmatch(r"k\d+", body[0]):
             out["k"] = int(body.pop(0)[1:])
@@ -120,6 +127,8 @@ class RunTag:
                 out["tree"] += "-" + body.pop(0)
         if body and body[0] == "sample":
             out["sample_children"] = bool(body.pop(0))
+        if body and re.fullmatch(r"b\d+", body[-1]) and int(body[-1][1:]) > 1:
+            out["batch_size"] = int(body.pop()[1:])
         if body and re.fullmatch(r"draft[a-z0-9]+", body[-1]):
             out["draft_quant"] = body.pop()[5:]
         if body and re.fullmatch(f"pmin{_NUM}", body[-1]):
