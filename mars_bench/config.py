@@ -7,7 +7,7 @@ one-line message naming the bad value and what is allowed.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from typing import Any, Optional
 
 from .decode.rules import RULES
@@ -324,8 +324,11 @@ def _field_types(node=None, prefix: str = "") -> dict:
     hints = typing.get_type_hints(node or Config)
     for f in fields(node or Config):
         tp = hints[f.name]
-        if is_dataclass(tp):
-            out.update(_field_types(tp, f"{prefix}{f.name}."))
+        factory = f.default_factory if f.default_factory is not MISSING else None
+        if is_dataclass(tp) or (factory is not None and is_dataclass(factory)):   # e.g. rule: RuleConfig
+            out.update(_field_types(tp if is_dataclass(tp) else factory, f"{prefix}{f.name}."))
+        elif factory is not None and isinstance(factory(), dict):                 # e.g. stats: a plain dict
+            out.update({f"{prefix}{f.name}.{k}": Any for k in factory()})
         else:
             out[f"{prefix}{f.name}"] = tp
     return out

@@ -116,7 +116,7 @@ def _theta_series(group: list[Run]) -> tuple[list[tuple[str, list[Run], str]], l
     lossless references: sd, or tree / EAGLE variants without theta)."""
     fams: dict = {}
     for r in group:
-        if r.relaxed:
+        if r.relaxed and r.theta is not None:      # rules with a theta (mars, mars_prob)
             fams.setdefault(r.family, []).append(r)
     ordered = sorted(fams.values(), key=lambda rs: (rs[0].method != "mars", rs[0].family_label))
     series = [(rs[0].family_label, sorted(rs, key=lambda r: r.theta), PALETTE[i % len(PALETTE)])
@@ -270,7 +270,53 @@ def acceptance_by_depth(group: list[Run], theta: float = DEFAULT_THETA) -> Figur
     return fig
 
 
-FIGURES = {"speedup_tau": speedup_tau, "theta_sensitivity": theta_sensitivity,
+def rules_frontier(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:
+    """Verification rules side by side: speedup over ar (x) against quality and against fidelity (chrF
+    to ar) (y), one line per lossy rule through its sweep knob's values, the lossless run as the
+    reference point; error bars are the stored 95% CIs. Drawn when the group holds >= 2 lossy rules."""
+    lossy = [r for r in group if r.relaxed and r.sweep_value is not None]
+    if len({r.rt.rule for r in lossy}) < 2:
+        return None
+    fams: dict = {}
+    for r in lossy:
+        fams.setdefault(r.family, []).append(r)
+    refs = [r for r in group if r.lossless and r.rt.scheme == lossy[0].rt.scheme]
+    metric = next((headline_metric(r) for r in lossy if headline_metric(r)), None)
+    fig, axes = _new(2 if metric else 1, width=5.6, height=4.8)
+    panels = ([(axes[0], lambda r: r.quality.get(metric), lambda r: quality_ci(r, metric),
+                f"{metric} ({ARROW.get(lossy[0].metric_directions.get(metric), '')} better)")] if metric else [])
+    panels.append((axes[-1], lambda r: ((r.fidelity or {}).get("aggregate") or {}).get("mean_chrf_to_ar"),
+                   lambda r: _fidelity_ci(r, "mean_chrf_to_ar"), "chrF to the ar output (100 = identical)"))
+    sp = lambda r: (r.speedup or {}).get("speedup")  # noqa: E731
+    for ax, y, yci, ylabel in panels:
+        for i, (fam, runs) in enumerate(sorted(fams.items(), key=lambda kv: (kv[1][0].method != "mars", kv[0]))):
+            runs = sorted(runs, key=lambda r: r.sweep_value)
+            xs, ys = [sp(r) for r in runs], [y(r) for r in runs]
+            ax.errorbar([float("nan") if v is None else v for v in xs], [float("nan") if v is None else v for v in ys],
+                        xerr=_yerr(xs, [_ci(r, "speedup") for r in runs]), yerr=_yerr(ys, [yci(r) for r in runs]),
+                        fmt="o-", color=PALETTE[i % len(PALETTE)], capsize=3, label=runs[0].family_label)
+            for r, xv, yv in zip(runs, xs, ys):
+                if xv is not None and yv is not None:
+                    ax.annotate(f"{r.sweep_knob}={r.sweep_value:g}", (xv, yv), fontsize=7, xytext=(3, 3),
+                                textcoords="offset points")
+        for j, r in enumerate(refs):
+            xv, yv = sp(r), y(r)
+            if xv is not None and yv is not None:
+                ax.errorbar([xv], [yv], xerr=_yerr([xv], [_ci(r, "speedup")]), yerr=_yerr([yv], [yci(r)]), fmt="*",
+                            ms=13, color=REF_PALETTE[j % len(REF_PALETTE)], capsize=3, label=f"{r.label} (lossless)")
+        ar = next((r for r in group if r.method == "ar" and y(r) is not None), None)
+        if ar is not None and ax is not axes[-1]:
+            ax.axhline(y(ar), color=COLORS["ar"], ls="-.", lw=1.2, label="ar (quality)")
+            if yci(ar):
+                ax.axhspan(*yci(ar), color=COLORS["ar"], alpha=0.12, lw=0)
+        ax.set_xlabel("speedup over ar (×)")
+        ax.set_ylabel(ylabel)
+    _shared_legend(fig, axes)
+    _suptitle(fig, f"Verification rules: speed against quality ({_n_label(lossy + refs)}, bars: 95% CI)", lossy[0])
+    return fig
+
+
+FIGURES = {"speedup_tau": speedup_tau, "theta_sensitivity": theta_sensitivity, "rules_frontier": rules_frontier,
            "fidelity_vs_theta": fidelity_vs_theta, "acceptance_by_depth": acceptance_by_depth}
 
 

@@ -269,6 +269,35 @@ def theta_table(runs: list[Run]) -> Table:
     return t
 
 
+def rules_table(runs: list[Run]) -> Table:
+    """Verification rules side by side (groups with >= 2 lossy rules): speed, quality and fidelity."""
+    chosen = [r for g in groups(runs).values() if len({x.rt.rule for x in g if x.relaxed}) >= 2
+              for r in g if r.method != "ar"]
+    metrics = _metrics(chosen)
+    t = Table("Table 6", "Verification rules on the same pair, samples, drafts and k: each lossy rule at each "
+              "value of its swept knob, the lossless rule (exact) as the reference. "
+              f"{R.TAU_DEFINITION}. {R.SPEEDUP_DEFINITION}. Δ = the rule's quality - ar's on the same samples; "
+              f"chrF to ar = fidelity of the text to the ar output. {CI_DEFINITION}.",
+              [("task", "task", ""), ("settings", "settings", ""), ("rule", "rule", ""), ("knob", "knob", ""),
+               ("label", "method", ""), ("n", "n", "d"), ("tau", "τ", ".2f[]"), ("speedup", "speedup (×)", ".2f[]")]
+              + [c for m in metrics for c in [(f"q:{m}", m, ".3f[]")]
+                 + ([(f"d:{m}", f"Δ {m} vs ar", ".3f[]"), (f"p_d:{m}", "p", "p"), (f"mde_d:{m}", "MDE", ".3f")]
+                    if m in PAIRED_METRICS else [])]
+              + [("chrf", "chrF to ar", ".1f[]"), ("identical", "identical to ar (%)", ".0f"),
+                 ("truncated", "truncated (%)", ".1f"), ("notes", "notes", "")])
+    for r in chosen:
+        agg = (r.fidelity or {}).get("aggregate") or {}
+        row = {**_base(r), **_speed_cells(r), "rule": r.rt.rule, "notes": _notes(t, r),
+               "knob": f"{r.sweep_knob}={r.sweep_value:g}" if r.sweep_knob else "–",
+               "identical": agg.get("pct_identical")}
+        _put(row, "chrf", ((r.stats or {}).get("fidelity") or {}).get("mean_chrf_to_ar"), agg.get("mean_chrf_to_ar"))
+        for m in metrics:
+            _quality_cells(row, f"q:{m}", r, m)
+            _test_cells(row, f"d:{m}", _tests(r, "ar").get(m))
+        t.rows.append(row)
+    return t
+
+
 def fidelity_table(runs: list[Run]) -> Table:
     t = Table("Table 3", "Fidelity to ar vs θ: share of samples whose output tokens equal ar's (same target and "
               "settings), median first diverging token over the samples that differ, and mean sentence chrF of "
@@ -336,7 +365,8 @@ def quality_table(runs: list[Run]) -> Table:
 
 
 def all_tables(runs: list[Run], theta: float = DEFAULT_THETA) -> dict[str, Table]:
-    return {"main": main_table(runs, theta), "theta": theta_table(runs), "fidelity": fidelity_table(runs),
+    return {"main": main_table(runs, theta), "theta": theta_table(runs), "rules": rules_table(runs),
+            "fidelity": fidelity_table(runs),
             "acceptance": acceptance_table(runs), "quality": quality_table(runs)}
 
 
