@@ -247,17 +247,15 @@ def _dump_atomic(path: Path, info: dict) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _dense_state_dict(model, dtype=None) -> dict:
-    """The model's weights (in ``dtype``, default float32) with tied aliases dropped (safetensors refuses
-    shared storage)."""
+def _dense_state_dict(model) -> dict:
+    """The model's weights with tied aliases dropped (safetensors refuses shared storage)."""
     import torch
 
-    dtype = dtype or torch.float32
     state = model.state_dict()
     bad = [n for n, m in model.named_modules() if "gguf" in type(m).__name__.lower()]
-    bad += [n for n, t in state.items() if t.is_meta or (t.is_floating_point() and t.dtype != dtype)]
+    bad += [n for n, t in state.items() if t.is_meta or (t.is_floating_point() and t.dtype != torch.float32)]
     if bad:
-        raise RuntimeError(f"GGUF load did not give dense {dtype} weights: {bad[:5]}")
+        raise RuntimeError(f"GGUF load did not give dense float32 weights: {bad[:5]}")
     tied = set()
     for prefix, module in model.named_modules():
         keys = getattr(module, "_tied_weights_keys", None) or ()
@@ -306,7 +304,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, chat_marker: str = CHAT_MARKER,
         tok = AutoTokenizer.from_pretrained(**src)
         if not tok.chat_template or chat_marker not in tok.chat_template:
             raise ValueError(f"{gguf_path}: no chat template containing {chat_marker!r} in the GGUF metadata")
-        model = AutoModelForCausalLM.from_pretrained(**src, dtype=torch.float32).to(torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(**src, dtype=torch.float32)
         log.info("%s: loaded %s in %.1f s", gguf_path.name, "fp32 copy" if fp32_dir else "GGUF", time.monotonic() - t0)
         ids = tok(PROBE_TEXT, return_tensors="pt").input_ids
         ref = _probe_logits(model, ids)
@@ -314,14 +312,24 @@ def convert_gguf(gguf_path: Path, out_dir: Path, chat_marker: str = CHAT_MARKER,
         config = model.config
         config.__dict__.pop("quantization_config", None)  # the dense copy is not quantized
         config.architectures = [type(model).__name__]
-        save_file(_dense_state_dict(model, torch_dtype), tmp / "model.safetensors", metadata={"format": "pt"})
+        state = {n: t.to(torch_dtype) if t.is_floating_point() else t for n, t in _dense_state_dict(model).items()}
+        save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        del state
+        config.dtype = torch_dtype
         config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        del model
+        if dtype == "fp32":
+            del model
         check, info = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch_dtype, output_loading_info=True)
         problems = {k: v for k, v in info.items() if v}
-        if problems or not torch.equal(_probe_logits(check, ids), ref):
+        if dtype == "fp32":
+            same = torch.equal(_probe_logits(check, ids), ref)
+        else:   # every reloaded tensor is the model's own weight rounded to bf16, bit for bit
+            src_state = model.state_dict()
+            same = all(torch.equal(t, src_state[n].to(t.dtype)) for n, t in check.state_dict().items())
+            del model, src_state
+        if problems or not same:
             raise RuntimeError(f"{gguf_path}: converted model differs from the GGUF one: {problems or 'logits'}")
         del check
         tok2 = AutoTokenizer.from_pretrained(tmp)
