@@ -27,6 +27,10 @@ def test_ar_and_speculative_with_the_target_as_draft_agree(gguf_pair):
     stop = a["tokens"][3]
     first = a["tokens"].index(stop)
     assert ar.run(prompt, 20, eos_ids={stop})["tokens"] == a["tokens"][:first + 1]   # stops at eos
+    plain = spec.run(prompt, 20, eos_ids=(), speculative=False)
+    assert plain["tokens"] == a["tokens"] and plain["steps"] is None
+    with pytest.raises(ValueError, match="needs a draft_gguf"):
+        ar.run(prompt, 5, eos_ids=(), speculative=True)
 
 
 def test_a_different_draft_still_gives_tokens_of_the_right_length(gguf_pair):

@@ -81,8 +81,7 @@ def enable_fast_path(model: nn.Module, kernel: str = "auto") -> nn.Module:
     if kernel not in ("auto", "mkl"):
         raise ValueError(f"fast-path kernel={kernel!r}; allowed: auto, mkl")
     if any(p.dtype == torch.bfloat16 for p in model.parameters()):
-        linears = [m for m in model.modules() if type(m) is nn.Linear]
-        if not linears or (kernel == "auto" and panel.bf16_available()):
+        if not any(type(m) is nn.Linear for m in model.modules()) or (kernel == "auto" and panel.bf16_available()):
             model = _swap_bf16(model)
         else:
             why = "model.fast_path=mkl" if kernel == "mkl" else panel.unavailable() or "the CPU lacks AVX512_BF16"
@@ -100,10 +99,16 @@ def enable_fast_path(model: nn.Module, kernel: str = "auto") -> nn.Module:
 
 
 def _swap_bf16(model: nn.Module) -> nn.Module:
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype == torch.bfloat16 and panel.fits(child):
+    """Each bf16 weight is freed as soon as its panels exist (no list holds the replaced layers), so the
+    peak while packing is the model plus one layer, not twice the model."""
+    parents = [m for m in model.modules() if any(type(c) is nn.Linear for c in m.children())]
+    for parent in parents:
+        for name in [n for n, c in parent.named_children() if type(c) is nn.Linear]:
+            child = getattr(parent, name)
+            if child.weight.dtype == torch.bfloat16 and panel.fits(child):
                 setattr(parent, name, panel.PanelLinear(child))   # keeps only the packed bf16 copy
+                panel.drop_file_pages(child.weight)
+            del child
     return model
 
 

@@ -73,9 +73,15 @@ class LlamaCppRunner:
             self.draft = _greedy_draft_class()(_load(draft_gguf, threads, n_ctx, logits_all=True), k, eos_ids)
         self.llm = _load(target_gguf, threads, n_ctx, draft=self.draft)
 
-    def run(self, ids, max_new_tokens: int, eos_ids) -> dict:
+    def run(self, ids, max_new_tokens: int, eos_ids, speculative: bool | None = None) -> dict:
+        """``speculative``: None = with the draft when there is one; False = autoregressive (one loaded
+        target serves both)."""
         eos = set(eos_ids)
-        if self.draft is not None:
+        spec = self.draft is not None and speculative is not False
+        if speculative and self.draft is None:
+            raise ValueError("speculative=True needs a draft_gguf")
+        self.llm.draft_model = self.draft if spec else None   # the binding reads it on every generate()
+        if spec:
             self.draft.calls = 0
         out = []
         t0 = time.perf_counter()
@@ -85,7 +91,7 @@ class LlamaCppRunner:
             if tok in eos or len(out) >= max_new_tokens:
                 break
         wall = time.perf_counter() - t0
-        steps = self.draft.calls if self.draft is not None else None
+        steps = self.draft.calls if spec else None
         return {"tokens": out, "wall_s": wall, "steps": steps, "forward_s": None}
 
     def forward_ms(self, ctx: int = 200, ns=(1, 5, 8, 12), reps: int = 3, seed: int = 0) -> dict:

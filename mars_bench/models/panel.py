@@ -99,6 +99,34 @@ def library():
     return _state.get("lib")
 
 
+def drop_file_pages(t: torch.Tensor) -> bool:
+    """Release the resident pages of a weight that lives in a private file mapping (a memory-mapped
+    safetensors file), for weights already packed and no longer used: a later access would read the file's
+    bytes again (so any in-place change since loading would be lost). Anonymous memory is never touched.
+    True if pages were released."""
+    start, size = t.data_ptr(), t.untyped_storage().nbytes()
+    page = os.sysconf("SC_PAGE_SIZE")
+    lo, hi = -(-start // page) * page, (start + size) // page * page
+    if hi <= lo:
+        return False
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split()
+                a, b = (int(x, 16) for x in parts[0].split("-"))
+                if a <= start < b:
+                    if len(parts) < 6 or parts[4] == "0" or not parts[1].endswith("p") or hi > b:
+                        return False            # anonymous, shared or not one mapping: leave it alone
+                    break
+            else:
+                return False
+    except OSError:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc.madvise(lo, hi - lo, 4) == 0   # MADV_DONTNEED
+
+
 def unavailable() -> str | None:
     library()
     return _state.get("why")
