@@ -150,14 +150,13 @@ def agg(res):
             "outside_forward_share": 1 - sum(fwd) / wall if fwd else None}
 
 
-def forward_costs(paths: dict, ctx=200, reps=3, rounds=2, max_n=16):
-    """ms of one target forward scoring n new tokens after a ctx-token prefix, n = 1..max_n, per path
+def forward_costs(paths: dict, ns, ctx=200, reps=3, rounds=2):
+    """ms of one target forward scoring n new tokens after a ctx-token prefix, n in ``ns``, per path
     (name -> (adapter, packing) or a llama.cpp runner); the paths alternate per n, so all see the same
     machine state; best of ``reps`` in each of ``rounds`` passes over n."""
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, 150000, (ctx,), generator=g).tolist()
     out = {name: {} for name in paths}
-    ns = list(range(1, max_n + 1))
     for name, p in paths.items():
         if isinstance(p, tuple):
             p[0].reset()
@@ -224,7 +223,10 @@ def peak_rss(configs, max_new_tokens, data_dir) -> dict:
         proc = subprocess.run([sys.executable, __file__, "--rss-probe", c, "--max-new-tokens", str(max_new_tokens),
                                "--threads", str(torch.get_num_threads())], capture_output=True, text=True)
         if proc.returncode:
-            raise RuntimeError(f"peak-RSS probe of {c} failed: {proc.stderr.strip().splitlines()[-1:]}")
+            last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            res[c] = {"error": f"the {c} probe failed: {last}"}
+            print(res[c]["error"], file=sys.stderr)
+            continue
         res[c] = json.loads(proc.stdout.strip().splitlines()[-1])
     return res
 
@@ -239,6 +241,9 @@ def main():
                     help="tree shapes depth,top_k,total_tokens tried for sd_tree ('' = no tree rows)")
     ap.add_argument("--fp32-draft", action="store_true", help="also rows with the fp32 draft as loaded")
     ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 target rows")
+    ap.add_argument("--no-llama", action="store_true", help="skip the llama.cpp rows")
+    ap.add_argument("--cost-n", default=",".join(map(str, range(1, 17))), help="n of the forward-cost table (1 first)")
+    ap.add_argument("--cost-rounds", type=int, default=2, help="passes over n in the forward-cost table")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench"))
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--rss-probe", default=None, help=argparse.SUPPRESS)   # internal: one peak-RSS measurement
@@ -252,11 +257,14 @@ def main():
     if not args.no_bf16 and not bf16:
         print(f"bf16 rows skipped: no bf16 panel kernel ({panel.unavailable() or 'CPU lacks AVX512_BF16'})",
               file=sys.stderr)
-    why_no_llama = llamacpp.unavailable() or next((f"{p} missing" for p in gguf_paths() if not p.exists()), None)
-    if why_no_llama:
-        print(f"llama.cpp rows skipped: {why_no_llama}", file=sys.stderr)
+    why_no_llama = ("--no-llama" if args.no_llama else llamacpp.unavailable()
+                    or next((f"{p} missing" for p in gguf_paths() if not p.exists()), None))
     rss = peak_rss(["fp32"] + (["bf16"] if bf16 else []) + ([] if why_no_llama else ["llamacpp"]),
                    args.max_new_tokens, data_dir)
+    if "error" in rss.get("llamacpp", {}):   # e.g. a build whose kernels crash on this CPU: keep the rest
+        why_no_llama = rss["llamacpp"]["error"]
+    if why_no_llama:
+        print(f"llama.cpp rows skipped: {why_no_llama}", file=sys.stderr)
 
     pair, quant = load("fp32")
     pair16 = load("bf16")[0] if bf16 else None
@@ -281,7 +289,7 @@ def main():
         paths["bf16"] = (pair16.target, True)
     if runner is not None:
         paths["llama.cpp Q4_K_M"] = runner
-    costs = forward_costs(paths)
+    costs = forward_costs(paths, [int(n) for n in args.cost_n.split(",")], rounds=args.cost_rounds)
 
     new = pair16 or pair             # the pair whose k is swept: the new default where it runs
     tag = "bf16" if pair16 is not None else "fp32 panel"
@@ -371,8 +379,8 @@ def check_goals(table, costs, rss, n_prompts):
                 out.append((f"{n}: prompts with greedy tokens identical to ar (bf16), of {n_prompts}", same,
                             same == n_prompts))
         out.append(("bf16 ar faster than fp32 panel ar", tps("ar (bf16)") / tps(BASE), tps("ar (bf16)") > tps(BASE)))
-    if "bf16" in rss:
-        peak = max(v for k, v in rss["bf16"].items() if k != "fast_kernel")
+    if "load" in rss.get("bf16", {}):
+        peak = max(v for k, v in rss["bf16"].items() if isinstance(v, float))
         out.append((f"peak RSS of the bf16 default (load + ar, sd, mars) <= {RSS_GOAL_GB:.1f} GB", peak,
                     peak <= RSS_GOAL_GB))
     f = costs["fp32 panel"]
@@ -418,6 +426,9 @@ def write(args, table, sweep, costs, best, n_prompts, goals, quant, kernels, rss
               "as `make run` does, and after decoding one prompt with each method in turn (a peak only grows):", "",
               "| configuration | kernel | after load | ar | sd | mars |", "|---|---|---|---|---|---|"]
     for c, r in rss.items():
+        if "error" in r:
+            lines.append(f"| {c} | {r['error']} | - | - | - | - |")
+            continue
         lines.append(f"| {c} | {r.get('fast_kernel', 'llama.cpp')} | {f(r['load'])} | {f(r.get('ar'))} | "
                      f"{f(r.get('sd'))} | {f(r.get('mars'))} |")
     lines += ["", f"k and tree-shape sweep ({args.sweep_prompts} prompts; best: {best}):", "",
