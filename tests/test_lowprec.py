@@ -112,3 +112,16 @@ def test_without_a_bf16_kernel_the_bf16_model_runs_in_fp32_with_one_line(monkeyp
     assert len(lines) == 1 and "lacks AVX-512F" in lines[0]
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert fastpath.kind(model) in ("mkl-packed", "off")
+
+
+@needs_bf16
+def test_int8_draft_of_a_bf16_pair_runs_in_fp32_and_sd_stays_lossless(prompt_ids):
+    """What load_pair does for model.dtype=bf16 with the embedded int8 draft."""
+    target, draft, tok = tiny_pair(dtype=torch.bfloat16)
+    t = CausalLMAdapter(fastpath.enable_fast_path(target))
+    d = CausalLMAdapter(fastpath.enable_fast_path(fastpath.quantize_int8(draft)), out_vocab=t.vocab)
+    assert all(p.dtype == torch.float32 for p in d.model.parameters())
+    assert isinstance(d.model.lm_head, fastpath.Int8Linear)
+    cfg = DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,))
+    for ids in prompt_ids[:6]:
+        assert generate(t, d, tok, ids, Method("sd", k=4), cfg).tokens == generate(t, d, tok, ids, Method("ar"), cfg).tokens

@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
-import json
 import logging
 import os
 import re
@@ -36,14 +35,15 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache_marker import (CACHE_DTYPES, CHUNK, MARKER, _dump_atomic, _write_marker, cache_problem,  # noqa: F401
+                           hf_dir, is_complete, sha256_file)
+
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "MARS_BENCH_CACHE"
 DEFAULT_CACHE = "~/.cache/mars-bench"
-MARKER = "MARS_BENCH_COMPLETE"
 CHAT_MARKER = "<|im_start|>"  # the Qwen2.5 instruct chat template must survive conversion
 PROBE_TEXT = "def fibonacci(n):\n    return"  # tokens whose logits must match before/after conversion
-CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,6 @@ SPECS: dict[str, ModelSpec] = {s.name: s for s in (
               "Qwen2.5 Coder 0.5B Instruct AWQ"),
 )}
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
-CACHE_DTYPES = ("fp32", "bf16")   # dtypes a converted model can be stored in; fp32 is the GGUF's exact values
 
 
 class ChecksumError(ValueError):
@@ -84,14 +83,6 @@ def _check(label, actual: str, expected: str, size: int | None = None, expected_
     if actual != expected or (expected_size is not None and size != expected_size):
         sizes = f" ({size} bytes, expected {expected_size})" if expected_size is not None else ""
         raise ChecksumError(f"{label}: sha256 mismatch: expected {expected}, got {actual}{sizes}")
-
-
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def verify_sha256(path, expected: str) -> str:
@@ -191,62 +182,6 @@ def fetch_gguf(spec: ModelSpec, cache_dir: Path, find_links: Path | None = None)
 
 
 # ---------------------------------------------------------------- conversion
-def hf_dir(cache: Path, name: str, dtype: str = "fp32") -> Path:
-    """Where model ``name`` converted to ``dtype`` lives in ``cache``."""
-    if dtype not in CACHE_DTYPES:
-        raise ValueError(f"cache dtype={dtype!r}; allowed: {', '.join(CACHE_DTYPES)}")
-    return Path(cache) / "hf" / (name if dtype == "fp32" else f"{name}-{dtype}")
-
-
-def cache_problem(hf_dir: Path, source_sha256: str | None = None, hashes: bool = True) -> str | None:
-    """None if ``hf_dir`` holds a marker whose files all exist with the recorded size and sha256 (and the
-    recorded source hash); else what is wrong, in a few words. ``hashes=False`` checks sizes only.
-
-    A marker of an earlier version lists sizes only: its files are hashed once (they pass the size check)
-    and the hashes added to the marker, so from then on corruption of the same size is detected too."""
-    hf_dir = Path(hf_dir)
-    try:
-        info = json.loads((hf_dir / MARKER).read_text())
-        sizes = info["files"]
-        for n, size in sizes.items():
-            actual = (hf_dir / n).stat().st_size
-            if actual != size:
-                return f"{n} has {actual} bytes, the marker says {size}"
-    except FileNotFoundError as e:
-        return f"{Path(e.filename).name} missing"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        return f"unreadable marker ({type(e).__name__})"
-    if source_sha256 is not None and info.get("source_sha256") != source_sha256:
-        return "built from a different source file"
-    if not hashes:
-        return None
-    if "sha256" not in info:
-        info["sha256"] = {n: sha256_file(hf_dir / n) for n in sizes}
-        _dump_atomic(hf_dir / MARKER, info)
-        log.info("%s: recorded the sha256 of its files (marker of an earlier version)", hf_dir)
-        return None
-    for n, expected in info["sha256"].items():
-        if sha256_file(hf_dir / n) != expected:
-            return f"{n} does not match its recorded sha256"
-    return None
-
-
-def is_complete(hf_dir: Path, source_sha256: str | None = None, hashes: bool = True) -> bool:
-    return cache_problem(hf_dir, source_sha256, hashes) is None
-
-
-def _dump_atomic(path: Path, info: dict) -> None:
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(info, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _dense_state_dict(model) -> dict:
     """The model's weights with tied aliases dropped (safetensors refuses shared storage)."""
     import torch
@@ -346,24 +281,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path, chat_marker: str = CHAT_MARKER,
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("%s: converted to %s in %.1f s", gguf_path.name, out_dir, time.monotonic() - t0)
     return out_dir
-
-
-def _write_marker(tmp: Path, gguf_path: Path, dtype: str = "fp32") -> None:
-    """Written last: its presence (with matching file sizes and hashes) is what makes a directory usable."""
-    from importlib.metadata import version
-
-    versions = {p: version(p) for p in ("torch", "transformers", "tokenizers", "safetensors", "gguf")}
-    files, hashes = {}, {}
-    for p in sorted(tmp.iterdir()):  # make the data durable before the marker vouches for it
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())
-        files[p.name], hashes[p.name] = p.stat().st_size, sha256_file(p)
-    info = {"source": gguf_path.name, "source_sha256": sha256_file(gguf_path), "dtype": dtype,
-            "versions": versions, "files": files, "sha256": hashes}
-    with open(tmp / MARKER, "w") as f:
-        json.dump(info, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 # ---------------------------------------------------------------- public entry points
