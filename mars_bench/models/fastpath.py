@@ -23,11 +23,15 @@ agreeing with the target's on 1,145 teacher-forced GSM8K/HumanEval tokens: fp32 
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import panel
+
+log = logging.getLogger(__name__)
 
 MIN_ROWS = 4            # below this plain sgemm does not repack: no gain from packing
 BIG_OUT = 32768         # LM heads (151,936 rows): packing pays even at M = 1 (55 -> 32 ms)
@@ -68,9 +72,21 @@ class PackedLinear(nn.Module):
 
 def enable_fast_path(model: nn.Module, kernel: str = "auto") -> nn.Module:
     """Swap every fp32 ``nn.Linear`` (LM head included) for a ``PanelLinear`` or, where the panel kernel
-    is unavailable (``kernel="mkl"`` forces this), a ``PackedLinear``; a no-op without either."""
+    is unavailable (``kernel="mkl"`` forces this), a ``PackedLinear``; a no-op without either.
+
+    A bf16 model (loaded with ``dtype=bf16``) keeps its linear weights in bf16 panels (AMX tiles, else
+    AVX512_BF16) and runs everything else in fp32: norms, rotary, attention, residual stream and the
+    embedding lookup (``model.float()`` after the swap; bf16 values are exact in fp32). Without a bf16
+    kernel it falls back, with one logged line, to fp32 weights (the same bf16-rounded values)."""
     if kernel not in ("auto", "mkl"):
         raise ValueError(f"fast-path kernel={kernel!r}; allowed: auto, mkl")
+    if any(p.dtype == torch.bfloat16 for p in model.parameters()):
+        if not any(type(m) is nn.Linear for m in model.modules()) or (kernel == "auto" and panel.bf16_available()):
+            model = _swap_bf16(model)
+        else:
+            why = "model.fast_path=mkl" if kernel == "mkl" else panel.unavailable() or "the CPU lacks AVX512_BF16"
+            log.warning("bf16 fast path unavailable (%s): running the bf16-rounded weights in fp32", why)
+        model.float()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is not nn.Linear:
@@ -82,10 +98,29 @@ def enable_fast_path(model: nn.Module, kernel: str = "auto") -> nn.Module:
     return model
 
 
+def _swap_bf16(model: nn.Module) -> nn.Module:
+    """Each bf16 weight is freed as soon as its panels exist (no list holds the replaced layers), so the
+    peak while packing is the model plus one layer, not twice the model."""
+    parents = [m for m in model.modules() if any(type(c) is nn.Linear for c in m.children())]
+    for parent in parents:
+        for name in [n for n, c in parent.named_children() if type(c) is nn.Linear]:
+            child = getattr(parent, name)
+            if child.weight.dtype == torch.bfloat16 and panel.fits(child):
+                setattr(parent, name, panel.PanelLinear(child))   # keeps only the packed bf16 copy
+                panel.drop_file_pages(child.weight)
+            del child
+    return model
+
+
 def kind(model: nn.Module) -> str:
-    """Which fast-path kernel ``model`` runs: 'panel-avx512', 'mkl-packed' or 'off'."""
-    types = {type(m) for m in model.modules()}
-    return "panel-avx512" if panel.PanelLinear in types else "mkl-packed" if PackedLinear in types else "off"
+    """Which fast-path kernel ``model`` runs: 'panel-amx-bf16', 'panel-avx512-bf16', 'panel-avx512',
+    'mkl-packed' or 'off' (the first kind found, LM head first: one model runs one kind)."""
+    head = getattr(model, "lm_head", None)
+    mods = ([head] if head is not None else []) + list(model.modules())
+    for m in mods:
+        if isinstance(m, panel.PanelLinear):
+            return m.kernel
+    return "mkl-packed" if any(isinstance(m, PackedLinear) for m in mods) else "off"
 
 
 class Int8Linear(nn.Module):

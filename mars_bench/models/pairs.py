@@ -51,8 +51,9 @@ def _paths(mcfg) -> tuple[str, str | None]:
         from .embedded import ensure_model
 
         cache = mcfg.cache_dir
-        target = str(ensure_model(mcfg.target, cache))
-        draft = str(ensure_model(mcfg.draft, cache)) if mcfg.draft else None
+        stored = "bf16" if mcfg.dtype == "bf16" else "fp32"   # the cache holds fp32 and bf16 copies
+        target = str(ensure_model(mcfg.target, cache, stored))
+        draft = str(ensure_model(mcfg.draft, cache, stored)) if mcfg.draft else None
         return target, draft
     return mcfg.target, mcfg.draft
 

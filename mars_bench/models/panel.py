@@ -86,6 +86,12 @@ def library():
             lib.panel_linear.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
                                          ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
             lib.panel_pack.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
+            _state["bf16"] = bool(lib.panel_bf16_available())
+            _state["amx"] = _state["bf16"] and bool(lib.panel_amx_init())
+            if _state["bf16"]:
+                for fn in (lib.panel_linear_bf16, lib.panel_linear_amx):
+                    fn.restype, fn.argtypes = ctypes.c_int, lib.panel_linear.argtypes
+                lib.panel_pack_bf16.argtypes = lib.panel_pack.argtypes
             _state["lib"], _state["width"] = lib, lib.panel_width()
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
             _state["why"] = str(e)
@@ -93,47 +99,122 @@ def library():
     return _state.get("lib")
 
 
+def drop_file_pages(t: torch.Tensor) -> bool:
+    """Release the resident pages of a weight that lives in a private file mapping (a memory-mapped
+    safetensors file), for weights already packed and no longer used: a later access would read the file's
+    bytes again (so any in-place change since loading would be lost). Anonymous memory is never touched.
+    True if pages were released."""
+    start, size = t.data_ptr(), t.untyped_storage().nbytes()
+    page = os.sysconf("SC_PAGE_SIZE")
+    lo, hi = -(-start // page) * page, (start + size) // page * page
+    if hi <= lo:
+        return False
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split()
+                a, b = (int(x, 16) for x in parts[0].split("-"))
+                if a <= start < b:
+                    if len(parts) < 6 or parts[4] == "0" or not parts[1].endswith("p") or hi > b:
+                        return False            # anonymous, shared or not one mapping: leave it alone
+                    break
+            else:
+                return False
+    except OSError:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc.madvise(lo, hi - lo, 4) == 0   # MADV_DONTNEED
+
+
 def unavailable() -> str | None:
     library()
     return _state.get("why")
 
 
+def bf16_available() -> bool:
+    """The bf16-weight kernels are built in only where the compiler targets AVX512_BF16 (-march=native)."""
+    return library() is not None and _state["bf16"]
+
+
+def amx_available() -> bool:
+    """AMX-BF16 tiles present and granted by the OS (one arch_prctl request per process)."""
+    return bf16_available() and _state["amx"]
+
+
 def fits(linear: nn.Linear) -> bool:
     w = linear.weight
-    return (library() is not None and w.dtype == torch.float32 and w.device.type == "cpu"
-            and linear.out_features % _state["width"] == 0)
+    if library() is None or w.device.type != "cpu":
+        return False
+    if w.dtype == torch.bfloat16:   # outputs are padded up to whole panels
+        return bf16_available() and linear.in_features % 2 == 0
+    return w.dtype == torch.float32 and linear.out_features % _state["width"] == 0
 
 
 class PanelLinear(nn.Module):
-    """An ``nn.Linear`` that also holds its weight in panels; calls of <= MAX_ROWS rows use the kernel.
+    """An ``nn.Linear`` held as weight panels; calls of <= MAX_ROWS rows use the kernel.
 
-    ``pack(None)`` switches the kernel off (the plain path, for side-by-side benchmarks); any row count
+    fp32 weights: the original weight stays (prefill-sized calls and the plain path use ``F.linear``);
+    ``pack(None)`` switches the kernel off (the plain path, for side-by-side benchmarks), any row count
     switches it on: one pack serves every M, so the hint's value does not matter here.
+
+    bf16 weights (``panel_linear_bf16``): only the bf16 panels and an fp32 bias are kept (half the
+    memory of the bf16 model, a quarter of fp32), inputs and outputs are fp32, and every call of any row
+    count runs the kernel, so a row's logits do not depend on how many rows a forward scores (prefill
+    included); ``pack`` is a no-op.
     """
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, amx: bool | None = None):
+        """``amx``: bf16 weights only; None = AMX tiles where available, False = the AVX512_BF16 kernel."""
         super().__init__()
-        self.weight, self.bias = linear.weight, linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.on = False
-        w = self.weight.detach().contiguous()
-        self.panels = torch.empty(w.numel())
-        library().panel_pack(w.data_ptr(), self.out_features, self.in_features, self.panels.data_ptr(),
-                             torch.get_num_threads())
+        w = linear.weight.detach().contiguous()
+        lib, threads = library(), torch.get_num_threads()
+        self.bf16, self.amx = w.dtype == torch.bfloat16, False
+        if self.bf16:
+            self.weight = None
+            self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+            self.n_pad = -(-self.out_features // _state["width"]) * _state["width"]
+            if self.n_pad != self.out_features:   # e.g. a vocabulary of 259: zero rows up to whole panels
+                w = torch.cat([w, w.new_zeros(self.n_pad - self.out_features, self.in_features)])
+                if self.bias is not None:
+                    self.bias = nn.Parameter(torch.cat([self.bias, self.bias.new_zeros(self.n_pad - self.out_features)]),
+                                             requires_grad=False)
+            self.panels = torch.empty(w.numel(), dtype=torch.bfloat16)
+            lib.panel_pack_bf16(w.data_ptr(), self.n_pad, self.in_features, self.panels.data_ptr(), threads)
+            self.amx = amx_available() and self.in_features % 32 == 0 and amx is not False
+            self._run = lib.panel_linear_amx if self.amx else lib.panel_linear_bf16
+        else:
+            self.weight, self.bias, self.n_pad = linear.weight, linear.bias, linear.out_features
+            self.panels = torch.empty(w.numel())
+            lib.panel_pack(w.data_ptr(), self.out_features, self.in_features, self.panels.data_ptr(), threads)
+            self._run = lib.panel_linear
 
     def pack(self, rows: int | None) -> None:
         self.on = rows is not None
 
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
+
+    @property
+    def kernel(self) -> str:
+        return "panel-amx-bf16" if self.amx else "panel-avx512-bf16" if self.bf16 else "panel-avx512"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if not (self.on and flat.shape[0] <= MAX_ROWS and flat.dtype == torch.float32
-                and not (torch.is_grad_enabled() and x.requires_grad)):   # the kernel has no backward
+        grad = torch.is_grad_enabled() and x.requires_grad
+        if self.bf16:
+            if grad:
+                raise RuntimeError("PanelLinear with bf16 weights is inference-only (the kernel has no backward)")
+        elif not (self.on and flat.shape[0] <= MAX_ROWS and flat.dtype == torch.float32 and not grad):
             return F.linear(x, self.weight, self.bias)
-        flat = flat.contiguous()
-        y = torch.empty(flat.shape[0], self.out_features)
-        rc = _state["lib"].panel_linear(flat.data_ptr(), flat.shape[0], self.in_features, self.panels.data_ptr(),
-                                        self.out_features, None if self.bias is None else self.bias.data_ptr(),
-                                        y.data_ptr(), torch.get_num_threads())
+        flat = flat.float().contiguous()
+        y = torch.empty(flat.shape[0], self.n_pad)
+        rc = self._run(flat.data_ptr(), flat.shape[0], self.in_features, self.panels.data_ptr(), self.n_pad,
+                       None if self.bias is None else self.bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
         if rc != 0:
-            raise MemoryError(f"panel_linear could not allocate {flat.shape[0]} x {self.in_features} floats")
+            raise MemoryError(f"panel kernel could not allocate {flat.shape[0]} x {self.in_features} floats")
+        if self.n_pad != self.out_features:
+            y = y[:, :self.out_features].contiguous()
         return y.reshape(*x.shape[:-1], self.out_features)
