@@ -99,7 +99,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    data_dir = os.environ.get("MARS_BENCH_DATA_DIR", str(ROOT.parent / "shared" / "data"))
+    data_dir = os.environ.get("MARS_BENCH_DATA_DIR")   # None: the tasks' own lookup (tasks/data.py)
     target, draft, tok, kernel = load(args.tiny, args.model)
     gen_eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
     eos = sorted(({tok.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos])) - {None})
