@@ -26,11 +26,10 @@ def bad_input_errors() -> tuple:
     return C.ConfigError, DataError, TokenizerMismatch
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-def _hydra_main(cfg: DictConfig):
-    from .runner import run
-
+def run_or_exit(cfg):
+    """``runner.run``; bad input and storage errors end the process with one line, bugs propagate."""
     from .records import StorageError
+    from .runner import run
 
     try:
         return run(cfg)
@@ -40,6 +39,11 @@ def _hydra_main(cfg: DictConfig):
     except bad_input_errors() as e:   # bad input: one line, no traceback, exit 2
         print(f"mars-bench: error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def _hydra_main(cfg: DictConfig):
+    return run_or_exit(cfg)
 
 
 def main() -> None:

@@ -343,7 +343,7 @@ def check_overrides(argv: list[str], conf_dir: str | None = None) -> None:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    conf = Path(conf_dir) if conf_dir else Path(__file__).resolve().parent.parent / "conf"
+    conf = Path(conf_dir) if conf_dir else Path(__file__).resolve().parent / "conf"   # shipped in the package
     parser, types = OverridesParser.create(), _field_types()
     groups = {p.name for p in conf.iterdir() if p.is_dir()}   # config groups: the folders of conf/
     base = OmegaConf.structured(Config)

@@ -182,3 +182,25 @@ def test_cli_subprocess_ok_and_bad_input(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "method.theta=2" in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_bug_in_a_scorer_keeps_its_traceback(tmp_path, monkeypatch):
+    """Only bad input becomes a one-line exit: a ValueError raised by a task's scorer is a bug and
+    propagates with its traceback, while a bad value still ends with exit 2."""
+    import traceback
+
+    from mars_bench import cli
+    from mars_bench.tasks import get_task
+
+    cls = type(get_task("prompts"))
+
+    def broken(self, sample, outputs):
+        raise ValueError("bug in a scorer")
+
+    monkeypatch.setattr(cls, "score", broken)
+    with pytest.raises(ValueError, match="bug in a scorer") as e:
+        cli.run_or_exit(tiny_cfg(tmp_path / "r", "method=ar", "limit=1", "max_new_tokens=2"))
+    assert any(f.name == "broken" for f in traceback.extract_tb(e.value.__traceback__))
+    with pytest.raises(SystemExit) as bad:
+        cli.run_or_exit(tiny_cfg(tmp_path / "r", "method.k=0"))
+    assert bad.value.code == 2

@@ -3,24 +3,17 @@ conversion and checked at every load (``cache_problem``), so a truncated or corr
 Part of ``embedded.py``'s cache; split out to keep that module readable."""
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 from pathlib import Path
 
+from ..files import sha256_file
+
 log = logging.getLogger("mars_bench.models.embedded")
 MARKER = "MARS_BENCH_COMPLETE"
 CHUNK = 1 << 20
 CACHE_DTYPES = ("fp32", "bf16")   # dtypes a converted model can be stored in; fp32 is the GGUF's exact values
-
-
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def hf_dir(cache: Path, name: str, dtype: str = "fp32") -> Path:

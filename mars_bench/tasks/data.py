@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..files import sha256_file  # noqa: F401  (D.sha256_file for the task modules)
+
 log = logging.getLogger("mars_bench.tasks")
 
 ENV_DATA_DIR = "MARS_BENCH_DATA_DIR"
@@ -168,17 +170,9 @@ def fetch_public(rel: str, dest: Path, download: Callable[[str], bytes]) -> Path
 
 
 def tasks_dir() -> Path:
-    """Folder holding ``<task>/task.yaml`` (the repository's ``tasks/``; ``$MARS_BENCH_TASKS_DIR`` wins)."""
+    """Folder holding ``<task>/task.yaml`` (``mars_bench/tasks/specs/``, linked as ``tasks/``; ``$MARS_BENCH_TASKS_DIR`` wins)."""
     env = os.environ.get(ENV_TASKS_DIR)
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "tasks"
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return Path(env) if env else Path(__file__).resolve().parent / "specs"   # shipped as package data
 
 
 def _open_text(path: Path):

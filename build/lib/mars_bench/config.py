@@ -1,0 +1,377 @@
+"""Config schema (every default written once, here) and validation of bad input.
+
+Hydra composes ``conf/`` on top of these dataclasses; struct mode makes unknown keys fail loudly.
+``validate`` runs before any model is loaded or any file written, and raises ``ConfigError`` with a
+one-line message naming the bad value and what is allowed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, asdict, dataclass, field
+from typing import Any, Optional
+
+from .decode.rules import RULES
+from .stats import StatsSettings
+from .decode.tree.build import TreeSpec
+from .decode.types import CHAIN, DEFAULT_K, DRAFT_MODEL, METHOD_NAMES, TREE, DecodeConfig, Method, resolve
+
+SOURCES = ("tiny", "embedded", "hf")
+DEVICES = ("cpu", "cuda", "auto")
+DRAFT_QUANT = ("none", "int8")
+RULE_ALIASES = ("theta", "nonpositive_top1", "sampled_top1")   # method.<x> = rule.<x>, the releases before the rule axis
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message is one line."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"              # label used in results paths and tables
+    source: str = "tiny"            # tiny (random, offline) | embedded (PyPI GGUF pair) | hf (Hub id or local dir)
+    target: Optional[str] = None    # hf: Hub id or local path; embedded: model name
+    draft: Optional[str] = None     # same, for the draft model (null: no draft, ar only)
+    dtype: str = "fp32"             # fp32 | bf16 | fp16
+    device: str = "auto"            # cpu | cuda | auto (cuda when available)
+    device_map: Optional[str] = None  # e.g. "auto" to shard a large target over several GPUs
+    cache_dir: Optional[str] = None   # embedded: converted-model cache (null: $MARS_BENCH_CACHE or ~/.cache/mars-bench)
+    fast_path: str = "auto"         # CPU fast path: auto (on for cpu) | on (best kernel: AVX-512 panel, else MKL) | mkl | off
+    draft_quant: str = "none"       # none | int8: draft linears as fbgemm dynamic int8 (CPU; the target is never quantized)
+    eagle3: Optional[str] = None    # EAGLE-3 head (Hub id or local dir) for method=eagle3 / eagle3_mars
+    seed: int = 0                   # tiny: weight seed
+    noise: float = 0.05             # tiny: draft = target weights + noise * std
+
+
+@dataclass
+class MethodConfig:
+    name: str = "???"               # (required) drafting scheme ar | sd | sd_tree | eagle3, or a preset (mars = sd + rule mars,
+                                    # mars_tree, eagle3_mars); chosen by the defaults list of conf/config.yaml
+    k: int = DEFAULT_K              # chains: most draft tokens proposed per step
+    p_min: float = 0.0              # chains: adaptive draft length, stop when the draft's top-1 prob < p_min (0 = off)
+    # tree schemes (docs/trees_and_eagle3.md); defaults are TreeSpec's; the authors' Qwen3 scripts use 50 / 6 / 10
+    depth: int = TreeSpec.depth     # expansion forwards after the root (drafts reach depth + 1)
+    top_k: int = TreeSpec.top_k     # children per expanded node, and frontier width
+    total_tokens: int = TreeSpec.total_tokens  # tree size including the root
+    static_paths: Optional[Any] = None  # a static tree as a list of child-rank paths; null = dynamic
+    children: str = TreeSpec.children   # sampled trees: topk (q = one-hot, EAGLE) | sample (without replacement)
+    # aliases of rule.theta / rule.nonpositive_top1 / rule.sampled_top1 (null = unset), so commands written
+    # before the rule axis keep working; ignored by rules without that setting
+    theta: Optional[Any] = None
+    nonpositive_top1: Optional[Any] = None
+    sampled_top1: Optional[Any] = None
+
+
+def _rule_schema():
+    """``rule``: its name and every setting any registered rule has (null = the rule's default, from
+    its registration in mars_bench/decode/rules/); which ones apply is checked by ``validate``."""
+    from dataclasses import make_dataclass
+
+    names = sorted({k.name for r in RULES.values() for k in r.knobs})
+    return make_dataclass("RuleConfig", [("name", Optional[str], field(default=None))]
+                          + [(n, Any, field(default=None)) for n in names])
+
+
+RuleConfig = _rule_schema()
+
+
+@dataclass
+class TaskConfig:
+    name: str = "prompts"           # prompts | gsm8k | humaneval | mt_bench | wmt19_zh_en
+    system_prompt: Optional[str] = None  # null = the task's default (none); the paper's prompt is an option
+    max_new_tokens: Optional[int] = None  # null = the task's default
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"              # none | wandb
+    project: str = "mars-bench"     # wandb project
+    mode: str = "offline"           # wandb mode: offline (default, no network) | online
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    rule: Any = field(default_factory=RuleConfig)   # conf/rule/<name>.yaml; null name = the method's own rule
+    task: TaskConfig = field(default_factory=TaskConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 0                   # per-sample generator seed = seed * 1000003 + sample index
+    limit: Optional[int] = None     # first N samples (null = all)
+    subset: Optional[str] = None    # a task's named subset, e.g. 'paper'
+    max_new_tokens: Optional[int] = None  # overrides the task's default, the same for every method
+    temperature: float = 0.0        # 0 = greedy
+    top_p: float = 1.0              # nucleus filtering when sampling, in (0, 1]
+    data_dir: Optional[str] = None  # [rel] benchmark data; null: ../shared/data beside the checkout if present, else
+    #                                 the user cache, filled from the public sources (tasks/data.py); env MARS_BENCH_DATA_DIR wins
+    batch_size: int = 1             # chains (ar, sd + any rule): sequences decoded at once, refilled as each ends (docs/batching.md)
+    results_dir: str = "results"    # where runs are written
+    progress: bool = True           # progress bars
+    stats: Any = field(default_factory=lambda: asdict(StatsSettings()))  # intervals and tests: defaults in stats.py
+    interleave: Any = field(default_factory=list)  # methods decoded interleaved: a list of override lists (conf/compare/)
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="schema", node=Config)
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ConfigError(f"{name}={value!r} is not a number; allowed: a finite number")   # [rel] names what is allowed
+    return float(value)
+
+
+def _int_at_least(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name}={value!r}; allowed: an integer >= {low}")
+    return value
+
+
+def _one_of(name: str, value: Any, allowed) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
+def _known_keys(cfg: Any) -> None:
+    """Keys added with Hydra's ``+`` bypass struct mode: refuse those the schema does not know."""
+    from dataclasses import fields, is_dataclass
+
+    groups = {f.name: f.default_factory for f in fields(Config) if is_dataclass(f.default_factory)}
+    for f in fields(Config):
+        if f.name in groups:
+            allowed = [g.name for g in fields(groups[f.name]())]
+            for key in cfg[f.name]:
+                if key not in allowed:
+                    raise ConfigError(f"unknown key {f.name}.{key}; allowed: {', '.join(allowed)}")
+
+
+def validate(cfg: Any) -> None:
+    """Check every user-facing value; raise ConfigError naming the first bad one."""
+    _known_keys(cfg)
+    m = cfg.method
+    _one_of("method.name", m.name, METHOD_NAMES)
+    method = method_of(cfg)          # scheme, rule and its settings (ValueError -> ConfigError inside)
+    _int_at_least("method.k", m.k, 1)
+    p_min = _number("method.p_min", m.p_min)
+    if not 0.0 <= p_min < 1.0:
+        raise ConfigError(f"method.p_min={m.p_min!r}; allowed: a number in [0, 1) (0 = fixed k)")
+    if method.speculative:
+        try:
+            RULES[method.rule].check_mode("chain" if method.name in CHAIN else "tree", _number("temperature", cfg.temperature))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if method.name in TREE:
+        try:
+            TreeSpec(**tree_knobs(m))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if method.name == "eagle3" and not cfg.model.eagle3:
+        raise ConfigError(f"method.name={m.name} needs model.eagle3 (an EAGLE-3 head: Hub id or local dir)")
+    _one_of("model.source", cfg.model.source, SOURCES)
+    _one_of("model.device", cfg.model.device, DEVICES)
+    _one_of("model.dtype", cfg.model.dtype, ("fp32", "bf16", "fp16"))
+    _one_of("model.fast_path", cfg.model.fast_path, ("auto", "on", "mkl", "off"))
+    _one_of("model.draft_quant", cfg.model.draft_quant, DRAFT_QUANT)
+    if cfg.model.draft_quant != "none" and cfg.model.device == "cuda":
+        raise ConfigError(f"model.draft_quant={cfg.model.draft_quant!r} runs on CPU only; allowed with "
+                          "model.device=cuda: none")
+    if method.name in DRAFT_MODEL and cfg.model.source != "tiny" and not cfg.model.draft:
+        raise ConfigError(f"method.name={m.name!r} needs model.draft; this model config has none")
+    for name in ("max_new_tokens", "limit"):
+        if cfg[name] is not None:
+            _int_at_least(name, cfg[name], 1)
+    if cfg.task.max_new_tokens is not None:
+        _int_at_least("task.max_new_tokens", cfg.task.max_new_tokens, 1)
+    if _number("temperature", cfg.temperature) < 0:
+        raise ConfigError(f"temperature={cfg.temperature!r}; allowed: a number >= 0 (0 = greedy)")
+    top_p = _number("top_p", cfg.top_p)
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p={cfg.top_p!r}; allowed: a number in (0, 1]")
+    _one_of("logger.name", cfg.logger.name, ("none", "wandb"))
+    if _int_at_least("batch_size", cfg.get("batch_size", 1), 1) > 1 and method.name in TREE:
+        raise ConfigError(f"batch_size={cfg.batch_size} with method={m.name}: trees decode at batch_size=1 only; "
+                          f"allowed for batch_size > 1: {', '.join(CHAIN)} (with any chain rule)")
+    try:
+        StatsSettings.from_cfg(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    validate_run_settings(cfg)   # ranges the types do not bound (defined at the bottom)
+
+
+def rule_settings(cfg: Any, rule_name: str) -> dict:
+    """The rule's settings from ``rule.*`` (and the ``method.*`` aliases), defaults filled in, checked."""
+    rule = RULES[rule_name]
+    given = {n: v for n, v in cfg.rule.items() if n != "name" and v is not None}
+    if rule.lossless:   # the lossless references have no settings: rule.* set for a sweep's lossy rules is ignored
+        given = {}
+    for n in RULE_ALIASES:
+        v = cfg.method[n]
+        if v is None or n not in rule.knob_map:
+            continue
+        try:
+            v = rule.knob_map[n].check(v, "method")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if n in given and given[n] != v:
+            raise ConfigError(f"method.{n}={v!r} and rule.{n}={given[n]!r} disagree; set rule.{n} only")
+        given[n] = v
+    try:
+        return rule.settings(given)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def draft_quant_of(cfg: Any) -> Optional[str]:
+    """The draft's quantization for methods with a separate draft model; None for the others."""
+    return cfg.model.draft_quant if method_of(cfg).name in DRAFT_MODEL else None
+
+
+def tree_knobs(m: Any) -> dict:
+    paths = None if m.static_paths is None else [list(p) for p in m.static_paths]
+    return {"depth": m.depth, "top_k": m.top_k, "total_tokens": m.total_tokens,
+            "static_paths": paths, "children": m.children}
+
+
+def method_of(cfg: Any) -> Method:
+    """The decoding core's ``Method`` for a config: scheme, rule and its full settings."""
+    m = cfg.method
+    if cfg.rule.name is not None and cfg.rule.name not in RULES:
+        raise ConfigError(f"rule={cfg.rule.name!r}; allowed: {', '.join(RULES)}")
+    try:
+        scheme, rule = resolve(m.name, cfg.rule.name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    settings = rule_settings(cfg, rule) if scheme != "ar" else {}
+    return Method(name=scheme, k=int(m.k), rule=rule, rule_kwargs=settings, p_min=float(m.p_min),
+                  tree=tree_knobs(m) if scheme in TREE else {})
+
+
+def decode_config(cfg: Any, max_new_tokens: int, eos_ids, stop_strings) -> DecodeConfig:
+    return DecodeConfig(max_new_tokens=max_new_tokens, temperature=float(cfg.temperature),
+                        top_p=float(cfg.top_p), eos_ids=tuple(eos_ids), stop_strings=tuple(stop_strings))
+
+
+# ---- [rel] run settings the schema's types do not bound, and overrides checked before Hydra composes ---------
+SEED_MAX = 2**32 - 1            # seeds in [0, 2^32): per-sample seeds (seed * 1000003 + ...) stay in torch's range
+MAX_NEW_TOKENS_MAX = 1 << 20    # a budget beyond any model's context is a typo, not a run
+K_MAX = 64                      # draft tokens per step; the CPU fast path packs k + 1 rows
+
+
+def _path_setting(name: str, value: Any, nullable: bool, expand: bool) -> None:
+    import os
+    from pathlib import Path
+
+    if value is None and nullable:
+        return
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        raise ConfigError(f"{name}={value!r}; allowed: a non-empty path" + (" or null" if nullable else ""))
+    try:
+        os.fsencode(value)
+    except UnicodeError:
+        raise ConfigError(f"{name}={value!r}; allowed: a path this file system can encode") from None
+    p = Path(value)
+    if expand:   # data_dir expands ~ (tasks/data.py); results_dir is taken literally (run.py)
+        try:
+            p = p.expanduser()
+        except RuntimeError:
+            raise ConfigError(f"{name}={value!r}: ~user names no known user; allowed: an existing user's "
+                              "~ or a plain path") from None
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{name}={value!r}: {p} exists and is not a folder; allowed: a folder path")
+
+
+def validate_run_settings(cfg: Any) -> None:
+    """Ranges of seed, budgets, k, temperature, top_p, task and paths; ConfigError naming the first bad one."""
+    from .tasks import TASKS
+
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed <= SEED_MAX:
+        raise ConfigError(f"seed={cfg.seed!r}; allowed: an integer in [0, {SEED_MAX}]")
+    for name, value in (("max_new_tokens", cfg.max_new_tokens), ("task.max_new_tokens", cfg.task.max_new_tokens)):
+        if value is not None and value > MAX_NEW_TOKENS_MAX:
+            raise ConfigError(f"{name}={value!r}; allowed: an integer in [1, {MAX_NEW_TOKENS_MAX}] or null")
+    if cfg.method.k > K_MAX:
+        raise ConfigError(f"method.k={cfg.method.k!r}; allowed: an integer in [1, {K_MAX}]")
+    for name in ("temperature", "top_p"):
+        if not math.isfinite(_number(name, cfg[name])):
+            raise ConfigError(f"{name}={cfg[name]!r}; allowed: a finite number")
+    if cfg.task.name not in TASKS:
+        raise ConfigError(f"task.name={cfg.task.name!r}; allowed: {', '.join(sorted(TASKS))}")
+    if cfg.subset is not None and (not isinstance(cfg.subset, str) or not cfg.subset.strip()):
+        raise ConfigError(f"subset={cfg.subset!r}; allowed: null or a subset name of the task")
+    _path_setting("results_dir", cfg.results_dir, nullable=False, expand=False)
+    _path_setting("data_dir", cfg.data_dir, nullable=True, expand=True)
+
+
+def _type_words(tp: Any) -> str:
+    import typing
+
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    optional = len(args) < len(typing.get_args(tp))
+    base = args[0] if optional and len(args) == 1 else tp
+    words = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(base, "a value")
+    return words + (" or null" if optional else "")
+
+
+def _field_types(node=None, prefix: str = "") -> dict:
+    import typing
+    from dataclasses import fields, is_dataclass
+
+    out = {}
+    hints = typing.get_type_hints(node or Config)
+    for f in fields(node or Config):
+        tp = hints[f.name]
+        factory = f.default_factory if f.default_factory is not MISSING else None
+        if is_dataclass(tp) or (factory is not None and is_dataclass(factory)):   # e.g. rule: RuleConfig
+            out.update(_field_types(tp if is_dataclass(tp) else factory, f"{prefix}{f.name}."))
+        elif factory is not None and isinstance(factory(), dict):                 # e.g. stats: a plain dict
+            out.update({f"{prefix}{f.name}.{k}": Any for k in factory()})
+        else:
+            out[f"{prefix}{f.name}"] = tp
+    return out
+
+
+def check_overrides(argv: list[str], conf_dir: str | None = None) -> None:
+    """Command-line overrides that Hydra would refuse with a multi-line error (unparsable text, a value of the
+    wrong type, an unknown group option) become one ConfigError line, before Hydra composes anything."""
+    from pathlib import Path
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    conf = Path(conf_dir) if conf_dir else Path(__file__).resolve().parent / "conf"   # shipped in the package
+    parser, types = OverridesParser.create(), _field_types()
+    groups = {p.name for p in conf.iterdir() if p.is_dir()}   # config groups: the folders of conf/
+    base = OmegaConf.structured(Config)
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg or arg.lstrip("+~").startswith("hydra"):
+            continue
+        try:
+            o = parser.parse_overrides([arg])[0]
+        except Exception as e:  # noqa: BLE001 - Hydra's grammar errors: one line
+            first = " ".join(str(e).split("\n")[0].split())
+            raise ConfigError(f"cannot read the override {arg!r} ({first}); allowed: key=value, with "
+                              "non-ASCII or special characters inside quotes: key='value'") from None
+        key = o.key_or_group
+        if o.is_delete() or "/" in key:
+            continue
+        values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        if key in groups:
+            options = sorted(p.stem for p in (conf / key).glob("*.yaml"))   # a group option 
+            for v in values:
+                if v not in options:
+                    raise ConfigError(f"{key}={v!r}; allowed: {', '.join(options)}")
+            continue
+        if key not in types:
+            if not o.is_add():
+                raise ConfigError(f"unknown setting {key!r} in {arg!r}; allowed: {', '.join(sorted(types))}")
+            continue
+        for v in values:
+            try:
+                OmegaConf.update(base, key, v, merge=True)
+            except OmegaConfBaseException:
+                raise ConfigError(f"{key}={v!r}; allowed: {_type_words(types[key])}") from None

@@ -1,0 +1,267 @@
+"""EAGLE-3 draft heads (Li et al. 2025): load published checkpoints and draft trees from them.
+
+Layout (EAGLE ``eagle/model/cnets.py``; SpecForge ``LlamaForCausalLMEagle3``; AngelSlim Qwen3 heads),
+H = hidden_size, T = target_hidden_size (default H), d = head_dim (default H / heads; Qwen3 heads set
+it explicitly), Vd = draft_vocab_size, V = vocab_size:
+  fc.weight                                  [H, 3T]     fuses three target hidden states
+  midlayer.hidden_norm.weight                [H]         RMSNorm of the fused / own feature
+  midlayer.input_layernorm.weight            [H]         RMSNorm of the token embedding
+  midlayer.self_attn.{q,k,v}_proj.weight     [heads*d | kv_heads*d, 2H]   input [embedding ; feature]
+  midlayer.self_attn.o_proj.weight           [H, heads*d]
+  midlayer.post_attention_layernorm.weight   [H]
+  midlayer.mlp.{gate,up}_proj.weight         [I, H];  midlayer.mlp.down_proj.weight [H, I]
+  norm.weight [H];  lm_head.weight [Vd, H];  d2t [Vd] int64 (target id = draft id + d2t[draft id]);
+  t2d [V] bool (target ids present in the draft vocabulary)
+Optional: q/k/v/o biases, ``embed_tokens.weight`` [V, H] (used only when the target's embedding
+width differs from H), ``fc_norm.{0,1,2}.weight`` [T] when config ``fc_norm`` is true (SpecForge).
+Files: config.json + model.safetensors or pytorch_model.bin, in a local directory or a Hub repo.
+
+Which target features: the inputs of decoder layers 2, L//2 and L-3 of an L-layer target, i.e.
+``hidden_states[i]`` of transformers' ``output_hidden_states`` for i in (2, L//2, L-3) (EAGLE's
+modeling_*_kv.py collects them before running layer idx; SpecForge's [1, L//2-1, L-4] are the same
+tensors counted as layer outputs). A config ``eagle_config.eagle_aux_hidden_state_layer_ids`` (layer
+outputs, the sglang / SpecForge convention) overrides them: hidden_states[id + 1]. Note transformers
+returns the FINAL-NORMED state at index L.
+
+Decoding (cache convention of the loops): the head's entry at position t pairs the target feature of
+token t with the embedding of token t+1 and predicts token t+2. After each verification the target's
+features for the root and the accepted path are paired with the next committed tokens and fed at the
+next ``root`` call; tree nodes are fed with the head's OWN output feature of their parent (no fc),
+with a tree mask, and are dropped from the head's cache after verification.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..tree.mask import SlotTree
+
+
+class Eagle3LoadError(ValueError):
+    """A bad EAGLE-3 checkpoint; the message is one line naming the key and the expected shape."""
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, config: dict):
+        super().__init__()
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+        keep = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype", "dtype", "model_type")}
+        self.cfg = c = LlamaConfig(**keep)
+        H, eps = c.hidden_size, c.rms_norm_eps
+        self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.target_hidden = int(config.get("target_hidden_size") or H)
+        self.vocab, self.draft_vocab = c.vocab_size, int(config.get("draft_vocab_size") or c.vocab_size)
+        self.norm_output = bool(config.get("norm_output", True))
+        self.fc = nn.Linear(3 * self.target_hidden, H, bias=False)
+        if config.get("fc_norm"):
+            self.fc_norm = nn.ModuleList([LlamaRMSNorm(self.target_hidden, eps=eps) for _ in range(3)])
+        self.midlayer = nn.Module()
+        m = self.midlayer
+        m.hidden_norm, m.input_layernorm = LlamaRMSNorm(H, eps=eps), LlamaRMSNorm(H, eps=eps)
+        m.post_attention_layernorm = LlamaRMSNorm(H, eps=eps)
+        m.self_attn = nn.Module()
+        a = m.self_attn
+        a.q_proj = nn.Linear(2 * H, self.heads * self.head_dim, bias=False)
+        a.k_proj = nn.Linear(2 * H, self.kv_heads * self.head_dim, bias=False)
+        a.v_proj = nn.Linear(2 * H, self.kv_heads * self.head_dim, bias=False)
+        a.o_proj = nn.Linear(self.heads * self.head_dim, H, bias=False)
+        m.mlp = LlamaMLP(c)
+        self.norm = LlamaRMSNorm(H, eps=eps)
+        self.lm_head = nn.Linear(H, self.draft_vocab, bias=False)
+        self.register_buffer("d2t", torch.zeros(self.draft_vocab, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(self.vocab, dtype=torch.bool))
+        self.rotary = LlamaRotaryEmbedding(c)
+        ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        self.layer_ids = None if ids is None else [int(i) + 1 for i in ids]
+
+    def fuse(self, feats: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "fc_norm"):
+            feats = torch.cat([n(x) for n, x in zip(self.fc_norm, feats.chunk(3, -1))], -1)
+        return self.fc(feats)
+
+    def layer(self, emb, hidden, pos, cache, allowed):
+        """emb, hidden [n, H] -> output feature [n, H]; appends this call's keys/values to ``cache``."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        m, a, n = self.midlayer, self.midlayer.self_attn, emb.shape[0]
+        x = torch.cat([m.input_layernorm(emb), m.hidden_norm(hidden)], -1)
+        q = a.q_proj(x).view(1, n, self.heads, self.head_dim).transpose(1, 2)
+        k = a.k_proj(x).view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = a.v_proj(x).view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = self.rotary(v, pos[None])
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        cache[0] = k if cache[0] is None else torch.cat([cache[0], k], 2)
+        cache[1] = v if cache[1] is None else torch.cat([cache[1], v], 2)
+        rep = self.heads // self.kv_heads
+        kk, vv = cache[0].repeat_interleave(rep, 1), cache[1].repeat_interleave(rep, 1)
+        o = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=allowed[None, None])
+        h = hidden + a.o_proj(o.transpose(1, 2).reshape(n, -1))
+        return h + m.mlp(m.post_attention_layernorm(h))
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(out) if self.norm_output else out)
+
+
+def _read_dir(source: str) -> Path:
+    if os.path.isdir(source):
+        return Path(source)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(source, allow_patterns=["config.json", "*.safetensors", "*.bin"]))
+    except Exception as e:   # noqa: BLE001  (no network, no such repo, ...)
+        raise Eagle3LoadError(f"EAGLE-3 head {source!r}: not a local directory and not downloadable "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def _state_dict(path: Path) -> dict:
+    if (path / "model.safetensors").exists():
+        from safetensors.torch import load_file
+
+        return load_file(str(path / "model.safetensors"))
+    if (path / "pytorch_model.bin").exists():
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise Eagle3LoadError(f"EAGLE-3 head {str(path)!r}: no model.safetensors or pytorch_model.bin")
+
+
+def load_eagle3_head(source: str, dtype=torch.float32, device="cpu") -> tuple[Eagle3Head, torch.Tensor | None]:
+    """(head, its own embed_tokens weight or None) from a directory or Hub id; strict key/shape check."""
+    path = _read_dir(str(source))
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise Eagle3LoadError(f"EAGLE-3 head {str(path)!r}: no config.json")
+    config = json.loads(cfg_file.read_text())
+    head = Eagle3Head(config)
+    sd, want = _state_dict(path), {k: tuple(v.shape) for k, v in head.state_dict().items()}
+    H = head.cfg.hidden_size
+    optional = {"embed_tokens.weight": (head.vocab, H)}
+    for p in ("q", "k", "v", "o"):
+        optional[f"midlayer.self_attn.{p}_proj.bias"] = (want[f"midlayer.self_attn.{p}_proj.weight"][0],)
+    for key, shape in want.items():
+        if key not in sd:
+            raise Eagle3LoadError(f"EAGLE-3 head {str(path)!r}: missing key {key!r} (expected shape {list(shape)})")
+    for key, t in sd.items():
+        shape = want.get(key, optional.get(key))
+        if shape is None:
+            raise Eagle3LoadError(f"EAGLE-3 head {str(path)!r}: unexpected key {key!r} {list(t.shape)} "
+                                  "(expected fc, midlayer.*, norm, lm_head, d2t, t2d)")
+        if tuple(t.shape) != shape:
+            raise Eagle3LoadError(f"EAGLE-3 head {str(path)!r}: key {key!r} has shape {list(t.shape)}; "
+                                  f"expected {list(shape)}")
+    emb = sd.pop("embed_tokens.weight", None)
+    for p in ("q", "k", "v", "o"):
+        b = sd.pop(f"midlayer.self_attn.{p}_proj.bias", None)
+        if b is not None:
+            lin = getattr(head.midlayer.self_attn, f"{p}_proj")
+            lin.bias = nn.Parameter(torch.zeros(lin.out_features))
+            lin.bias.data.copy_(b)
+    head.load_state_dict(sd)
+    ids = torch.arange(head.draft_vocab) + head.d2t
+    if head.draft_vocab and (int(ids.min()) < 0 or int(ids.max()) >= head.vocab):
+        bad = int(((ids < 0) | (ids >= head.vocab)).nonzero()[0])
+        raise Eagle3LoadError(f"EAGLE-3 head {str(path)!r}: d2t maps draft id {bad} to target id {int(ids[bad])}; "
+                              f"expected ids in [0, {head.vocab})")
+    return head.to(device=device, dtype=dtype).eval(), (None if emb is None else emb.to(device, dtype))
+
+
+def feature_layers(n_layers: int, override: list[int] | None = None) -> list[int]:
+    """hidden_states indices of the three fused features: (2, L//2, L-3) as in EAGLE, or ``override``."""
+    ids = list(override) if override is not None else [2, n_layers // 2, n_layers - 3]
+    if len(ids) != 3 or min(ids) < 0 or max(ids) > n_layers:
+        raise Eagle3LoadError(f"EAGLE-3 feature layers {ids} for a {n_layers}-layer target; expected 3 hidden_states "
+                              f"indices in [0, {n_layers}] (set eagle_config.eagle_aux_hidden_state_layer_ids)")
+    return ids
+
+
+class Eagle3Drafter:
+    """Drafts trees with an EAGLE-3 head on top of ``target`` (a CausalLMAdapter) for tree_loop."""
+    needs_hidden = True
+
+    def __init__(self, head: Eagle3Head, target, own_embedding: torch.Tensor | None = None):
+        self.head, self.target, self.device = head, target, target.device
+        emb = target.model.get_input_embeddings().weight
+        H, L = head.cfg.hidden_size, target.model.config.num_hidden_layers
+        if emb.shape[1] != H:
+            if own_embedding is None:
+                raise Eagle3LoadError(f"EAGLE-3 head hidden_size {H} != target embedding width {emb.shape[1]} "
+                                      "and the checkpoint has no embed_tokens.weight")
+            emb = own_embedding
+        if head.vocab != target.out_vocab:
+            raise Eagle3LoadError(f"EAGLE-3 head vocab_size {head.vocab} != the target's vocabulary {target.out_vocab}")
+        self.embed = emb
+        self.layer_ids = feature_layers(L, head.layer_ids)
+        self.vocab = target.out_vocab
+        self.map = (torch.arange(head.draft_vocab) + head.d2t.cpu()).to(self.device)
+        self.forward_s, self.n_forwards = 0.0, 0
+        self.prefill([0], None)
+
+    def _feats(self, hidden, rows=None) -> torch.Tensor:
+        f = torch.cat([hidden[i][0].to(self.device) for i in self.layer_ids], -1)   # device_map: any GPU
+        return f if rows is None else f[torch.as_tensor(rows, device=f.device)]
+
+    def _run(self, tokens, hidden, pos, allowed):
+        t0 = time.perf_counter()
+        emb = self.embed[torch.as_tensor(tokens, device=self.embed.device)].to(self.device)
+        out = self.head.layer(emb, hidden, pos, self.cache, allowed)
+        z = self.head.logits(out).float()
+        full = torch.full((z.shape[0], self.vocab), float("-inf"), device=self.device)
+        full[:, self.map] = z
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.forward_s += time.perf_counter() - t0
+        self.n_forwards += 1
+        return out, full
+
+    @property
+    def cache_len(self) -> int:
+        return 0 if self.cache[0] is None else self.cache[0].shape[2]
+
+    @torch.inference_mode()
+    def prefill(self, prompt: list[int], hidden=None) -> None:
+        self.cache, self.outs, self._slots, self.root_out = [None, None], [], None, None
+        self.pending = (list(prompt[1:]), self._feats(hidden)) if hidden is not None else ([], None)
+
+    @torch.inference_mode()
+    def root(self, seq: list[int]):
+        tokens, feats = self.pending
+        if not tokens:
+            return None
+        n, base = len(tokens), self.cache_len
+        pos = torch.arange(base, base + n, device=self.device)
+        allowed = torch.ones(n, base + n, dtype=torch.bool, device=self.device).tril(base)
+        fused = self.head.fuse(feats.to(self.head.fc.weight.dtype))
+        out, z = self._run(tokens, fused, pos, allowed)
+        self.pending, self.root_out, self.outs = ([], None), out[-1], []
+        self._slots = SlotTree(self.cache_len, base + n - 1, self.device)
+        return z[-1]
+
+    @torch.inference_mode()
+    def expand(self, tokens: list[int], parent_slots: list[int]) -> torch.Tensor:
+        allowed, pos = self._slots.add(parent_slots)
+        hidden = torch.stack([self.root_out if s < 0 else self.outs[s] for s in parent_slots])
+        out, z = self._run(tokens, hidden, pos, allowed)
+        self.outs.extend(out)
+        return z
+
+    @torch.inference_mode()
+    def commit(self, tree, path: list[int], committed: list[int], hidden=None) -> None:
+        if self._slots is not None:
+            self.cache = [None if c is None else c[:, :, : self._slots.base] for c in self.cache]
+            self._slots, self.outs = None, []
+        feats = self._feats(hidden, [0] + path)
+        old_t, old_f = self.pending
+        self.pending = (old_t + list(committed), feats if old_f is None else torch.cat([old_f, feats]))
+
+
+def load_eagle3_drafter(source: str, target, dtype=None) -> Eagle3Drafter:
+    """An ``Eagle3Drafter`` for ``target`` (CausalLMAdapter) from a head directory or Hub id."""
+    dtype = dtype or next(target.model.parameters()).dtype
+    head, emb = load_eagle3_head(source, dtype=dtype, device=target.device)
+    return Eagle3Drafter(head, target, emb)

@@ -1,0 +1,54 @@
+"""The LM drafter: a small causal LM drafting trees (chains use the adapter directly).
+
+A drafter implements ``prefill(prompt, hidden)``, ``root(seq) -> logits [V] | None`` (feed what the
+drafter has not seen of the committed sequence; logits for the root's children),
+``expand(tokens, parent_slots) -> logits [n, V]`` (feed n tree nodes in ONE forward, each seeing the
+committed prefix, its fed ancestors and itself; node i gets the next slot, parent slot -1 = root) and
+``commit(tree, path, committed, hidden)`` (keep only the accepted path). ``LMDrafter`` wraps a small
+causal LM behind a ``CausalLMAdapter``; ``eagle3.Eagle3Drafter`` is an EAGLE-3 head.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..tree.mask import SlotTree, additive_mask
+
+
+class LMDrafter:
+    """Tree drafting with a small causal LM behind a ``CausalLMAdapter`` (its cache holds committed
+    tokens, then the fed tree nodes; ``commit`` keeps the accepted ones by index selection)."""
+    needs_hidden = False
+
+    def __init__(self, lm):
+        self.lm, self._slots = lm, None
+
+    @property
+    def forward_s(self) -> float:
+        return self.lm.forward_s
+
+    def prefill(self, prompt: list[int], hidden=None) -> None:
+        self.lm.reset()
+        self._slots = None
+        if len(prompt) > 1:
+            self.lm.forward(prompt[:-1], logits=False)
+
+    def root(self, seq: list[int]):
+        z = self.lm.forward(seq[self.lm.cache_len:])[-1]
+        self._slots = SlotTree(self.lm.cache_len, len(seq) - 1, self.lm.device)
+        return z
+
+    def expand(self, tokens: list[int], parent_slots: list[int]) -> torch.Tensor:
+        allowed, pos = self._slots.add(parent_slots)
+        return self.lm.forward(tokens, attention_mask=additive_mask(allowed, getattr(self.lm, "model", None)),
+                               position_ids=pos[None])
+
+    def commit(self, tree, path: list[int], committed: list[int], hidden=None) -> None:
+        if self._slots is None:
+            return
+        fed = [self._slots.base + tree.slots[j] for j in path if tree.slots[j] >= 0]
+        self.lm.keep(torch.cat([torch.arange(self._slots.base), torch.tensor(fed, dtype=torch.long)]))
+        self._slots = None
+
+
+def as_drafter(draft):
+    return draft if hasattr(draft, "expand") else LMDrafter(draft)

@@ -1,0 +1,263 @@
+"""Tree drafts: EAGLE-2-style dynamic trees and static trees, built by any drafter.
+
+A tree's node 0 is the root: the newest committed token ``seq[-1]`` (not a draft). Every other node is
+a draft token whose parent is the context it continues; nodes are stored in BFS order (by depth, then
+by creation), so a parent always precedes its children and siblings keep their draw / rank order.
+
+Dynamic trees (EAGLE-2, Li et al. 2024), knobs named as in the EAGLE code and the authors' scripts:
+  1. the root's draft logits give its ``top_k`` children (level 1);
+  2. ``depth`` times: the ``top_k`` newest-level nodes with the best cumulative draft log-probability
+     (the frontier) are fed to the drafter in ONE forward with a tree attention mask, and each gets
+     ``top_k`` children (so the deepest drafts are at depth ``depth + 1``);
+  3. rerank every drafted node by cumulative draft log-probability and keep ``total_tokens - 1`` of
+     them (``total_tokens`` counts the root, as EAGLE's ``total_token`` does). The selection is
+     best-first over nodes whose parent and previous sibling are already kept (ties: shallower node,
+     then the earlier-created one), so the kept set is closed under ancestors and, per parent, is a
+     prefix of its children in draw order. With deterministic top-k children (scores non-increasing
+     down a path and along siblings) this is exactly EAGLE-2's plain top-N rerank.
+A chain is ``top_k = 1``: depth + 1 drafts. Static trees: ``static_paths`` lists every node as its
+path of child ranks from the root ([0] = best child of the root, [0, 1] = its second-best child, ...);
+``depth``/``top_k``/``total_tokens`` are then ignored.
+
+How children are chosen (``TreeSpec.children``; greedy decoding always uses ``topk`` on raw logits):
+  topk    the top-k tokens of the draft's RAW logits (EAGLE; scores = log_softmax of raw logits).
+          Deterministic given the prefix, so sampled verification treats each child as a point-mass
+          draft, q = one-hot (see tree_verify).
+  sample  children drawn one by one WITHOUT replacement from q = warp(draft logits, T, top_p);
+          sampled verification uses q restricted to the not-yet-drawn tokens. Scores must not depend
+          on a draw's own value (pruning would bias it): the i-th draw scores the EXPECTED draft
+          probability of that draw, log sum_x q_i(x) q(x).
+
+Drafters (``drafters.lm.LMDrafter`` over a small causal LM; ``drafters.eagle3.Eagle3Drafter``) are asked for
+the root's logits once and for each frontier in one forward per depth; a fed node gets the next
+drafter slot, which is how the drafter's cache is compacted after verification.
+The decoding loop itself is ``tree.loop.generate_tree``.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import sampling
+
+CHILDREN = ("topk", "sample")
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    # defaults: the fastest shape on the 2-core CPU by `make bench` (conf/method/sd_tree.yaml has the sweep)
+    depth: int = 3                   # expansion forwards after the root (EAGLE `depth`); max depth + 1
+    top_k: int = 3                   # children per expanded node, and frontier width
+    total_tokens: int = 10           # tree size incl. the root (EAGLE `total_token`)
+    static_paths: tuple | None = None  # static tree: paths of child ranks; None = dynamic
+    children: str = "topk"           # sampled decoding: topk (q = one-hot) | sample (without replacement)
+
+    def __post_init__(self):
+        for name, low in (("depth", 0), ("top_k", 1), ("total_tokens", 2)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"method.{name}={v!r}; allowed: an integer >= {low}")
+        if self.children not in CHILDREN:
+            raise ValueError(f"method.children={self.children!r}; allowed: {', '.join(CHILDREN)}")
+        if self.static_paths is not None:
+            object.__setattr__(self, "static_paths", check_paths(self.static_paths))
+
+    @property
+    def max_depth(self) -> int:
+        if self.static_paths is not None:
+            return max(len(p) for p in self.static_paths)
+        return self.depth + 1
+
+    @classmethod
+    def from_method(cls, method) -> "TreeSpec":
+        """From ``method.tree`` (a TreeSpec or a dict of knobs) or flat method attributes."""
+        tree = getattr(method, "tree", None)
+        if isinstance(tree, TreeSpec):
+            return tree
+        if tree:
+            return cls(**dict(tree))
+        names = ("depth", "top_k", "total_tokens", "static_paths", "children")
+        return cls(**{n: getattr(method, n) for n in names if getattr(method, n, None) is not None})
+
+
+def check_paths(paths) -> tuple:
+    """Validate a static tree: non-empty int paths, no duplicates, parent and previous sibling present."""
+    out = tuple(tuple(int(r) for r in p) for p in paths)
+    if not out:
+        raise ValueError("method.static_paths is empty; allowed: a list of child-rank paths, e.g. [[0], [1], [0, 0]]")
+    seen = set()
+    for p, raw in zip(out, paths):
+        if not p or min(p) < 0 or p in seen or list(p) != [r for r in raw]:
+            raise ValueError(f"method.static_paths entry {list(raw)!r}; allowed: distinct non-empty lists "
+                             "of ranks >= 0")
+        seen.add(p)
+    for p in out:
+        need = [p[:-1]] if len(p) > 1 else []
+        need += [p[:-1] + (p[-1] - 1,)] if p[-1] > 0 else []
+        for q in need:
+            if q not in seen:
+                raise ValueError(f"method.static_paths has {list(p)} but not {list(q)}; allowed: every parent "
+                                 "path and every lower-ranked sibling present")
+    return out
+
+
+@dataclass
+class DraftTree:
+    """One step's tree. Node 0 = root; ``q[node]`` = draft distribution its children were drawn from
+    (``sample`` mode only)."""
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    slots: list[int]                 # drafter slot of each node (-1: never fed to the drafter)
+    mode: str = "greedy"             # greedy | topk | sample
+    q: dict = field(default_factory=dict)
+    children: list[list[int]] = field(init=False)
+
+    def __post_init__(self):
+        self.children = [[] for _ in self.tokens]
+        for j, p in enumerate(self.parents[1:], 1):
+            self.children[p].append(j)
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens) - 1
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    def path_to(self, node: int) -> list[int]:
+        path = []
+        while node > 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def ancestors(self) -> torch.Tensor:
+        """Bool [n, n]: entry (i, j) is True when j is i or an ancestor of i."""
+        n = len(self.tokens)
+        anc = torch.eye(n, dtype=torch.bool)
+        for j in range(1, n):
+            anc[j] |= anc[self.parents[j]]
+        return anc
+
+    def child_q(self, node: int, i: int, vocab: int, device) -> torch.Tensor:
+        """The q the i-th child of ``node`` was drawn from (see tree_verify)."""
+        kids = self.children[node]
+        if self.mode != "sample":
+            one_hot = torch.zeros(vocab, device=device)
+            one_hot[self.tokens[kids[i]]] = 1.0
+            return one_hot
+        q = self.q[node].clone()
+        if i:
+            q[torch.tensor([self.tokens[c] for c in kids[:i]], device=q.device)] = 0.0
+        return q / q.sum()
+
+
+# -- building ---------------------------------------------------------------------------------
+class _Pool:
+    """Every drafted node of one step (node 0 = root)."""
+
+    def __init__(self, root_token: int, mode: str):
+        self.tok, self.par, self.dep, self.score = [root_token], [-1], [0], [0.0]
+        self.rank, self.slot, self.kids, self.q, self.mode = [0], [-1], [[]], {}, mode
+        self.n_fed = 0
+
+    def add_children(self, node, z, k, cfg, gen) -> list[int]:
+        toks, logp, q = _pick(z, k, self.mode, cfg, gen)
+        if q is not None and toks:
+            self.q[node] = q
+        new = []
+        for r, (t, lp) in enumerate(zip(toks, logp)):
+            self.tok.append(t), self.par.append(node), self.dep.append(self.dep[node] + 1)
+            self.score.append(self.score[node] + lp), self.rank.append(r), self.slot.append(-1)
+            self.kids.append([]), self.kids[node].append(len(self.tok) - 1), new.append(len(self.tok) - 1)
+        return new
+
+    def feed(self, drafter, nodes: list[int]) -> torch.Tensor:
+        z = drafter.expand([self.tok[i] for i in nodes], [self.slot[self.par[i]] for i in nodes])
+        for i in nodes:
+            self.slot[i], self.n_fed = self.n_fed, self.n_fed + 1
+        return z
+
+    def select(self, n: int) -> list[int]:
+        """Best-first: a node is available once its parent and previous sibling are kept."""
+        key = lambda i: (-self.score[i], self.dep[i], i)  # noqa: E731
+        heap, keep = [key(c) for c in self.kids[0][:1]], []
+        while heap and len(keep) < n:
+            i = heapq.heappop(heap)[2]
+            keep.append(i)
+            nxt = self.kids[i][:1] + ([self.kids[self.par[i]][self.rank[i] + 1]]
+                                      if self.rank[i] + 1 < len(self.kids[self.par[i]]) else [])
+            for c in nxt:
+                heapq.heappush(heap, key(c))
+        return keep
+
+    def tree(self, keep) -> DraftTree:
+        order = [0] + sorted(keep, key=lambda i: (self.dep[i], i))
+        new = {old: j for j, old in enumerate(order)}
+        t = DraftTree([self.tok[i] for i in order], [new.get(self.par[i], -1) for i in order],
+                      [self.dep[i] for i in order], [self.slot[i] for i in order], self.mode)
+        t.q = {new[i]: q for i, q in self.q.items() if i in new and t.children[new[i]]}
+        return t
+
+
+def _pick(z: torch.Tensor, k: int, mode: str, cfg, gen):
+    """Children of one node from its draft logits row: (tokens, log-scores, q or None)."""
+    if mode == "sample":
+        # Sequential draws without replacement. The score of the i-th draw must not depend on its own
+        # value (whether it survives pruning would then bias it away from q_i): it is the EXPECTED
+        # draft probability of the i-th draw given the earlier ones, log sum_x q_i(x) q(x).
+        q = sampling.warp(z, cfg.temperature, cfg.top_p)
+        w, toks, scores = q.clone(), [], []
+        for _ in range(k):
+            mass = float(w.sum())
+            if mass <= 0.0:
+                break
+            scores.append(float(torch.log((w * q).sum() / mass)))
+            t = int(torch.multinomial(w, 1, generator=gen))
+            toks.append(t)
+            w[t] = 0.0
+        return toks, scores, q
+    k = min(k, int(torch.isfinite(z).sum()))     # padded-vocabulary drafts carry -inf columns
+    top = torch.topk(z, k)
+    return top.indices.tolist(), torch.log_softmax(z.float(), -1)[top.indices].tolist(), None
+
+
+def build_tree(drafter, seq: list[int], spec: TreeSpec, max_depth: int, mode: str, cfg, gen) -> DraftTree:
+    """Draft one step's tree below the root ``seq[-1]``, at most ``max_depth`` deep."""
+    pool = _Pool(seq[-1], mode)
+    levels = min(spec.max_depth, max_depth)
+    z = drafter.root(seq) if levels >= 1 else None
+    if z is None:
+        return pool.tree([])
+    if spec.static_paths is not None:
+        return _static(pool, drafter, z, spec, levels, cfg, gen)
+    frontier = pool.add_children(0, z, spec.top_k, cfg, gen)
+    for _ in range(levels - 1):
+        frontier = sorted(sorted(frontier, key=lambda i: (-pool.score[i], i))[: spec.top_k])
+        if not frontier:
+            break
+        zs = pool.feed(drafter, frontier)
+        frontier = [c for row, i in enumerate(frontier) for c in pool.add_children(i, zs[row], spec.top_k, cfg, gen)]
+    return pool.tree(pool.select(spec.total_tokens - 1))
+
+
+def _static(pool: _Pool, drafter, z, spec: TreeSpec, levels: int, cfg, gen) -> DraftTree:
+    paths = [p for p in spec.static_paths if len(p) <= levels]
+    n_kids: dict[tuple, int] = {}
+    for p in paths:
+        n_kids[p[:-1]] = max(n_kids.get(p[:-1], 0), p[-1] + 1)
+    path_of, level, rows = {0: ()}, [0], [z]
+    while level:
+        new = []
+        for node, row in zip(level, rows):
+            for c in pool.add_children(node, row, n_kids.get(path_of[node], 0), cfg, gen):
+                path_of[c] = path_of[node] + (pool.rank[c],)
+                new.append(c)
+        level = [c for c in new if path_of[c] in n_kids]
+        rows = pool.feed(drafter, level) if level else []
+    return pool.tree(list(range(1, len(pool.tok))))
+

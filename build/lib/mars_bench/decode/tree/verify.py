@@ -1,0 +1,122 @@
+"""Verifying a draft tree against one target forward: a rule (decode.rules.RULES) decides every node.
+
+``z`` holds the target's RAW logits for every tree node (row 0 = root): row j predicts the children of
+node j. A node's token is judged by the rule on its PARENT's row, exactly as a chain position is
+judged on the row before it; the rule functions are called unchanged (batched over nodes).
+
+Greedy (temperature 0), ``verify_greedy``:
+  node j is accepted when the rule accepts tokens[j] on z[parent(j)] (exact: the argmax; mars: also
+  the top-2 when r = z2/z1 > theta) and its parent is accepted (the root always is). Among accepted
+  nodes take the deepest; ties -> fewer relaxed acceptances on the path -> the lexicographically
+  smallest path of node indices (BFS order, i.e. the draft's preferred branch). Then emit
+  argmax z[end] (bonus after a leaf, correction otherwise). With ``exact`` at most one child of a node
+  can be accepted (siblings are distinct), the path is unique and the output is the target's greedy
+  continuation: lossless.
+
+Sampled (temperature > 0), ``verify_sampled``: multi-draft recursive rejection sampling
+(SpecInfer, Miao et al. 2024; EAGLE; recursive speculative decoding, Jeon et al. 2024). From the root:
+    p <- p_target(node) = warp(z[node], T, top_p)
+    for the node's children c_1..c_m in their draw / rank order:
+        q_i <- the distribution c_i was drawn from GIVEN the earlier siblings (below)
+        u ~ U[0, 1);  verdict = rule(c_i, z[node], p, q_i, u)   # exact: accept iff u q_i(c_i) < p(c_i)
+        accepted -> commit c_i, move to c_i, start over there
+        rejected -> p <- norm(max(0, p - q_i))                      # sampling.residual
+    no child accepted (or a leaf) -> commit one token drawn from p and stop.
+  q_i by how the children were chosen (tree.TreeSpec.children):
+    topk   children = top-k of the draft logits: a deterministic function of the prefix, i.e. a
+           point-mass draft, q_i = one-hot(c_i) (upstream EAGLE's q = 1). Then the test accepts c_i
+           with probability p(c_i) and the residual is p with c_i removed, renormalised; by induction
+           P(commit x) = p_target(x) whatever the set of children. (Using the draft's own q(c_i) here,
+           as the MARS authors' code does, is NOT lossless.)
+    sample children drawn sequentially without replacement from q; q_i = q with c_1..c_{i-1} zeroed,
+           renormalised, which is exactly the law of c_i given the earlier draws, independent of the
+           coins of earlier tests. Each test is the standard lemma (x ~ q_i, accept w.p.
+           min(1, p/q_i), else the residual law) so the committed token follows the current p, and by
+           induction over siblings follows p_target. Pruning keeps, per node, a prefix of the draw
+           order decided without looking at the pruned draws' values (tree._pick).
+  Levels: a child's subtree was drafted from the draft conditioned on that child only, so the same
+  argument applies at every depth given the accepted prefix. ``exact`` is lossless; ``mars`` applies
+  its margin clause per node (top-1 accepted outright, top-2 when r > theta), as in the chain.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import sampling
+from ..rules import top2
+from .build import DraftTree
+
+
+@dataclass
+class TreeVerdict:
+    path: list[int]            # accepted nodes, depth 1..m (root excluded)
+    next_token: int            # correction / bonus token after the path
+    clause: list               # per path node: the rule's lenient clause that accepted it, or None
+    rejected_end: bool         # the path's end node had children and every one was rejected
+    z1: list[float]            # per verified position: the path nodes (+ the rejected end)
+    z2: list[float]
+    top1: list[int]
+    top2: list[int]
+    rule: str = "exact"
+
+    @property
+    def relaxed(self) -> list[bool]:
+        return [c is not None for c in self.clause]
+
+
+def verify_greedy(rule, tree: DraftTree, z: torch.Tensor, **rule_kwargs) -> TreeVerdict:
+    n = len(tree.tokens)
+    ok, n_rel, cl = [True] + [False] * (n - 1), [0] * n, [0] * n
+    if n > 1:
+        dev = z.device
+        par = torch.tensor(tree.parents[1:], device=dev)
+        v = rule(torch.tensor(tree.tokens[1:], device=dev), z[par], None, None, None, **rule_kwargs)
+        acc, cl = [False] + v.accept.tolist(), [0] + v.clause.tolist()
+        for j in range(1, n):
+            p = tree.parents[j]
+            if ok[p] and acc[j]:
+                ok[j], n_rel[j] = True, n_rel[p] + int(cl[j] > 0)
+    best = min((j for j in range(n) if ok[j]),
+               key=lambda j: (-tree.depths[j], n_rel[j], tree.path_to(j)))
+    path = tree.path_to(best)
+    return _verdict(rule, tree, z, path, [_name(rule, cl[j]) for j in path], int(z[best].argmax(-1)))
+
+
+def verify_sampled(rule, tree: DraftTree, z: torch.Tensor, temperature: float, top_p: float,
+                   gen: torch.Generator, **rule_kwargs) -> TreeVerdict:
+    node, path, clause, vocab = 0, [], [], z.shape[-1]
+    while True:
+        p = p_node = sampling.warp(z[node], temperature, top_p)
+        nxt = None
+        for i, c in enumerate(tree.children[node]):
+            q = tree.child_q(node, i, vocab, z.device)
+            u = torch.rand(1, generator=gen, device=z.device)
+            v = rule(torch.tensor([tree.tokens[c]], device=z.device), z[node][None], p_node[None], q[None], u,
+                     p_standard=p[None], **rule_kwargs)   # the standard test on the residual, clauses on p_target
+            if bool(v.accept[0]):
+                nxt = c
+                clause.append(_name(rule, int(v.clause[0])))
+                break
+            if rule.correction == "residual":
+                p = sampling.residual(p, q)
+        if nxt is None:
+            return _verdict(rule, tree, z, path, clause, int(sampling.sample(p, gen)))
+        path.append(nxt)
+        node = nxt
+
+
+def _name(rule, c: int):
+    return rule.clauses[c - 1] if c else None
+
+
+def _verdict(rule, tree: DraftTree, z: torch.Tensor, path: list[int], clause: list, nxt: int) -> TreeVerdict:
+    end = path[-1] if path else 0
+    rejected_end = bool(tree.children[end])
+    rows = [tree.parents[j] for j in path] + ([end] if rejected_end else [])
+    if rows:
+        z1, z2, t1, t2 = (x.tolist() for x in top2(z[torch.tensor(rows, device=z.device)]))
+    else:
+        z1 = z2 = t1 = t2 = []
+    return TreeVerdict(path, nxt, clause, rejected_end, z1, z2, t1, t2, rule.name)

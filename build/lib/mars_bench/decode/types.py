@@ -1,0 +1,113 @@
+"""The decoding core's value types: what to decode (``Method``), how (``DecodeConfig``), what came
+out (``DecodeResult``), and the stop conditions every method shares (``Stopper``).
+
+Two axes (docs/adding_a_rule.md): the drafting scheme (``Method.name``: ar, sd, sd_tree, eagle3)
+and the verification rule (``Method.rule``, any name registered in ``rules.RULES``). The presets of
+the first releases name a (scheme, rule) pair: mars = sd + mars, mars_tree = sd_tree + mars,
+eagle3_mars = eagle3 + mars; they are accepted wherever a scheme is and resolved here, once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CHAIN = ("ar", "sd")                   # decode.chain
+TREE = ("sd_tree", "eagle3")           # decode.tree.loop
+SCHEMES = CHAIN + TREE
+DRAFT_MODEL = ("sd", "sd_tree")        # schemes that need a separate draft model
+PRESETS = {"mars": ("sd", "mars"), "mars_tree": ("sd_tree", "mars"), "eagle3_mars": ("eagle3", "mars")}
+METHOD_NAMES = SCHEMES + tuple(PRESETS)   # what `method=` accepts (conf/method/<name>.yaml)
+DEFAULT_K = 4                          # chains: most drafts per step (the schema's default too)
+
+
+def resolve(name: str, rule: str | None) -> tuple[str, str]:
+    """(scheme, rule) of a method name and an optional explicit rule; ValueError on a clash."""
+    if name in PRESETS:
+        scheme, preset_rule = PRESETS[name]
+        if rule not in (None, preset_rule):
+            raise ValueError(f"method={name} with rule={rule}: method={name} is the preset method={scheme} "
+                             f"rule={preset_rule}; allowed: method={scheme} rule={rule}")
+        return scheme, preset_rule
+    if name not in SCHEMES:
+        raise ValueError(f"unknown method {name!r}; allowed: {', '.join(METHOD_NAMES)}")
+    return name, ("exact" if rule is None else rule)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    max_new_tokens: int = 128       # hard cap on emitted tokens, for every method
+    temperature: float = 0.0        # 0 = greedy
+    top_p: float = 1.0              # nucleus filtering of p_target and q_draft (sampling only)
+    eos_ids: tuple[int, ...] = ()   # stop after emitting any of these (kept in the output)
+    stop_strings: tuple[str, ...] = ()  # stop after the token that completes one (kept)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A drafting scheme with a verification rule. Defaults of the user-facing knobs live in
+    ``config.py`` (schema) and ``rules.RULES`` (rule settings); these are for direct API use."""
+    name: str                       # drafting scheme (or a preset name, resolved on construction)
+    k: int = DEFAULT_K              # chains: most draft tokens proposed per step
+    rule: str | None = None         # verification rule (rules.RULES); None = the scheme's / preset's own
+    rule_kwargs: dict = field(default_factory=dict)  # the rule's settings (missing ones: its defaults)
+    tree: dict = field(default_factory=dict)         # tree schemes: depth, top_k, total_tokens, static_paths, children
+    p_min: float = 0.0              # chains: stop drafting early when the draft's top-1 prob < p_min (0 = fixed k)
+
+    def __post_init__(self):
+        scheme, rule = resolve(self.name, self.rule)
+        object.__setattr__(self, "name", scheme)
+        object.__setattr__(self, "rule", rule)
+
+    @property
+    def speculative(self) -> bool:
+        return self.name != "ar"
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int] = field(default_factory=list)
+    stop_reason: str = ""
+    steps: int = 0                  # target verification forwards (prefill excluded)
+    proposed: list[int] = field(default_factory=list)   # per step: drafts proposed
+    accepted: list[int] = field(default_factory=list)   # per step: drafts accepted
+    relaxed: list[dict] = field(default_factory=list)   # one entry per lenient acceptance (rules.Verdict)
+    z1: list[float] = field(default_factory=list)       # per verified draft position
+    z2: list[float] = field(default_factory=list)
+    outcome: str = ""               # per verified draft position: A standard, R lenient, X rejected
+    depth_proposed: list[int] = field(default_factory=list)   # trees: deepest draft per step
+    prefill_s: float = 0.0
+    wall_s: float = 0.0
+    target_s: float = 0.0
+    draft_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        return len(self.tokens) / self.steps if self.steps else 0.0
+
+
+class Stopper:
+    """Identical stop conditions for every method: EOS ids, stop strings, max_new_tokens."""
+
+    def __init__(self, tokenizer, cfg: DecodeConfig):
+        self.tok, self.cfg, self.eos = tokenizer, cfg, set(cfg.eos_ids)
+
+    def cut(self, new: list[int], start: int):
+        """(length to keep, reason) if tokens new[start:] end generation, else None."""
+        for i in range(start, len(new)):
+            if new[i] in self.eos:
+                return self._first(new, start, i + 1, "eos")
+        return self._first(new, start, len(new), None)
+
+    def _first(self, new, start, end, reason):
+        if self.cfg.stop_strings and self._hit(new[:end]):
+            for i in range(start, end):
+                if self._hit(new[: i + 1]):
+                    return i + 1, "stop_string"
+        if reason:
+            return end, reason
+        if len(new) >= self.cfg.max_new_tokens:
+            return self.cfg.max_new_tokens, "max_new_tokens"
+        return None
+
+    def _hit(self, ids) -> bool:
+        text = self.tok.decode(ids, skip_special_tokens=True)
+        return any(s in text for s in self.cfg.stop_strings)

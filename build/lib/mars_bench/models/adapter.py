@@ -1,0 +1,286 @@
+"""One adapter over Hugging Face causal LMs: all KV-cache plumbing lives here.
+
+The decoding loops only ever call ``forward`` (score n new tokens against the cache, get raw
+logits), ``crop`` (roll the cache back to a committed length) and ``keep`` (compact the cache by
+index selection, for tree drafts). Tree drafts pass a 4-D attention mask and per-token position ids
+through the same ``forward``.
+
+Batched decoding (``decode.batch``) uses a second cache, one for the whole batch, through the
+``batch_*`` methods: ``batch_reset`` (B empty rows), ``batch_prefill`` (a row's new prompt, scored
+alone exactly as at batch size 1), ``batch_forward`` (each row appends its own number of tokens),
+``batch_crop`` (each row rolled back to its own length) and ``batch_select`` (drop finished rows).
+Layout: the cache tensors are [B, heads, W, dim] for a common width W; ``bvalid`` [B, W] says which
+columns hold a row's committed tokens (in position order), so row b's length is ``bvalid[b].sum()``.
+A forward appends n_max columns to every row: row b's n_b tokens take the first n_b of them and the
+rest are padding, masked out (attention mask) and never valid. Position ids are per row (its length
++ i), so each row sees exactly its own sequence. Rolled-back and padding columns are dropped from the
+end when no row uses them, and the whole cache is compacted by index selection (each row's valid
+columns gathered to the front) once the width exceeds the longest row by ``COMPACT_SLACK``.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+
+import torch
+
+COMPACT_SLACK = 32       # batched cache: unused columns tolerated beyond the longest row before compacting
+PAD_ID = 0               # batched forwards: the id fed in padding slots (masked out, its logits unused)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype={name!r}; allowed: fp32, bf16, fp16")
+    return DTYPES[name]
+
+
+class BatchCacheMixin:
+    """The batched cache (see the module docstring); mixed into ``CausalLMAdapter``."""
+
+    @torch.inference_mode()
+    def batch_reset(self, rows: int) -> None:
+        self.bcache = self._cache_cls(config=self.model.config)
+        self.bvalid = torch.zeros(rows, 0, dtype=torch.bool, device=self.device)
+
+    @property
+    def batch_rows(self) -> int:
+        return self.bvalid.shape[0]
+
+    @property
+    def batch_width(self) -> int:
+        return self.bvalid.shape[1]
+
+    @property
+    def batch_lens(self) -> list[int]:
+        """Committed tokens cached per row."""
+        return self.bvalid.sum(1).tolist()
+
+    def _layers(self):
+        return [layer for layer in self.bcache.layers if getattr(layer, "is_initialized", False)]
+
+    @torch.inference_mode()
+    def _widen(self, width: int) -> None:
+        """Pad every row with unused columns up to ``width``."""
+        extra = width - self.batch_width
+        if extra <= 0:
+            return
+        for layer in self._layers():
+            b, h, _, d = layer.keys.shape
+            pad = layer.keys.new_zeros(b, h, extra, d)
+            layer.keys = torch.cat([layer.keys, pad], -2)
+            layer.values = torch.cat([layer.values, pad], -2)
+        self.bvalid = torch.cat([self.bvalid, self.bvalid.new_zeros(self.batch_rows, extra)], 1)
+
+    @torch.inference_mode()
+    def batch_prefill(self, row: int, tokens) -> None:
+        """Make ``row`` hold ``tokens`` only (a new sequence). They are scored alone, on the single-sequence
+        cache, as ``forward(tokens, logits=False)`` does at batch size 1, then copied into the row."""
+        tokens = list(tokens)
+        self.bvalid[row] = False
+        if not tokens:
+            return
+        self.reset()
+        self.forward(tokens, logits=False)
+        n = len(tokens)
+        self._widen(n)
+        for bl, sl in zip(self.bcache.layers, self.cache.layers):
+            if not getattr(bl, "is_initialized", False):   # first row ever: shape the batch tensors after this one
+                bl.lazy_initialization(sl.keys, sl.values)
+                shape = (self.batch_rows, sl.keys.shape[1], self.batch_width, sl.keys.shape[3])
+                bl.keys, bl.values = sl.keys.new_zeros(shape), sl.values.new_zeros(shape)
+            bl.keys[row, :, :n] = sl.keys[0]
+            bl.values[row, :, :n] = sl.values[0]
+        self.bvalid[row, :n] = True
+        self.reset()                                      # the single-sequence cache is free again
+
+    @torch.inference_mode()
+    def batch_forward(self, tokens: list[list[int]]) -> list[torch.Tensor]:
+        """Row b appends ``tokens[b]`` (any count, 0 included) to its sequence; returns per row the raw fp32
+        logits [len(tokens[b]), out_vocab], each row scored as if alone (its own positions and history)."""
+        rows, n = self.batch_rows, max((len(t) for t in tokens), default=0)
+        if len(tokens) != rows:
+            raise ValueError(f"batch_forward got {len(tokens)} rows; the batched cache has {rows}")
+        if n == 0:
+            return [torch.empty(0, self.out_vocab, device=self.device) for _ in tokens]
+        width, lens = self.batch_width, self.bvalid.sum(1)
+        count = torch.tensor([len(t) for t in tokens], device=self.device)
+        ids = torch.tensor([list(t) + [PAD_ID] * (n - len(t)) for t in tokens], dtype=torch.long, device=self.device)
+        new_ok = torch.arange(n, device=self.device)[None] < count[:, None]                # [B, n]
+        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        own = causal[None] & new_ok[:, None, :]                                           # real new tokens
+        own |= torch.eye(n, dtype=torch.bool, device=self.device)[None]                  # padding sees itself: no empty row
+        allowed = torch.cat([self.bvalid[:, None, :].expand(rows, n, width), own], 2)    # [B, n, W + n]
+        dtype = next(self.model.parameters()).dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+        mask = mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+        pos = lens[:, None] + torch.arange(n, device=self.device)[None]
+        if width == 0 or not self._layers():
+            self.bcache = self._cache_cls(config=self.model.config)   # nothing cached yet: start the tensors here
+        kwargs = {self._cache_kw: self.bcache, "use_cache": True, "attention_mask": {"full_attention": mask},
+                  "position_ids": pos}
+        self._sync()
+        t0 = time.perf_counter()
+        z = self.model(input_ids=ids, **kwargs).logits.float()
+        self._sync()
+        self.forward_s += time.perf_counter() - t0
+        self.n_forwards += 1
+        self.bvalid = torch.cat([self.bvalid, new_ok], 1)
+        if self.out_vocab != self.vocab:
+            z = _map_vocab(z, self.out_vocab)
+        return [z[b, : len(t)] for b, t in enumerate(tokens)]
+
+    @torch.inference_mode()
+    def batch_crop(self, lengths: list[int]) -> None:
+        """Roll row b back to its first ``lengths[b]`` committed tokens; then drop columns no row uses."""
+        for b, length in enumerate(lengths):
+            cols = self.bvalid[b].nonzero().squeeze(-1)
+            if length < cols.numel():
+                self.bvalid[b, cols[length:]] = False
+        self._trim()
+
+    @torch.inference_mode()
+    def batch_select(self, rows: list[int]) -> None:
+        """Keep only these rows (by index, in this order): finished rows leave the batch."""
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.device)
+        for layer in self._layers():
+            layer.keys = layer.keys.index_select(0, index)
+            layer.values = layer.values.index_select(0, index)
+        self.bvalid = self.bvalid.index_select(0, index)
+        self._trim()
+
+    @torch.inference_mode()
+    def _trim(self) -> None:
+        used = self.bvalid.any(0).nonzero()
+        end = int(used[-1]) + 1 if used.numel() else 0
+        if end < self.batch_width:
+            for layer in self._layers():
+                layer.keys, layer.values = layer.keys[:, :, :end], layer.values[:, :, :end]
+            self.bvalid = self.bvalid[:, :end]
+        if self.batch_width > max(self.batch_lens, default=0) + COMPACT_SLACK:
+            self.batch_compact()
+
+    @torch.inference_mode()
+    def batch_compact(self) -> None:
+        """Gather each row's valid columns to the front (index selection): width = the longest row."""
+        lens = self.bvalid.sum(1)
+        width = int(lens.max()) if lens.numel() else 0
+        # stable sort puts valid columns first, in position order; padding columns follow
+        order = torch.sort((~self.bvalid).to(torch.int8), dim=1, stable=True).indices[:, :width]
+        for layer in self._layers():
+            idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
+        self.bvalid = torch.arange(width, device=self.device)[None] < lens[:, None]
+
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one cached token takes (every layer, keys and values), from the model config."""
+        c = self.model.config
+        c = getattr(c, "text_config", c)
+        heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        size = next(self.model.parameters()).element_size()
+        return 2 * c.num_hidden_layers * heads * head_dim * size
+
+
+class CausalLMAdapter(BatchCacheMixin):
+    """Wraps a ``transformers`` causal LM with its own KV cache (batch size 1), and a second, batched
+    cache with per-row lengths for ``decode.batch`` (the ``batch_*`` methods).
+
+    ``out_vocab``: width of the returned logits. A draft whose embedding matrix is padded to a
+    different size than the target's is mapped onto the target's vocabulary: extra columns dropped,
+    missing ones filled with -inf (the tokenizers were checked equal over the shared ids).
+    """
+
+    def __init__(self, model, out_vocab: int | None = None, name: str = ""):
+        from transformers import DynamicCache
+
+        self.model = model.eval()
+        self.name = name
+        self.device = next(model.parameters()).device
+        self.vocab = model.get_output_embeddings().out_features
+        self.out_vocab = out_vocab or self.vocab
+        self._cache_cls = DynamicCache
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.cache = None
+        self.bcache, self.bvalid = None, None   # batched cache and its [B, W] valid-column mask
+        self.forward_s = 0.0      # accumulated wall seconds inside forward()
+        self.n_forwards = 0
+        self.rows = None          # tokens most forwards will score (a hint for the CPU fast path)
+        self.packing = True       # False: ignore the hint (the plain path, for side-by-side benchmarks)
+        self.reset()
+
+    # -- cache -------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.cache = self._cache_cls(config=self.model.config)
+
+    @property
+    def cache_len(self) -> int:
+        return self.cache.get_seq_length()
+
+    def crop(self, length: int) -> None:
+        """Drop cached positions >= ``length``."""
+        extra = self.cache_len - length
+        if extra > 0:
+            self.cache.crop(-extra)   # transformers 5.x: a negative count = tokens to remove
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only the cached positions in ``index`` (ascending), in that order."""
+        index = index.to(self.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+
+    def expect(self, n_tokens: int) -> None:
+        """Hint: most forwards will score ``n_tokens`` tokens (k + 1 when verifying, 1 when drafting)."""
+        n_tokens = n_tokens if self.packing else None
+        if n_tokens != self.rows:
+            from .fastpath import set_rows
+
+            set_rows(self.model, n_tokens)
+            self.rows = n_tokens
+
+    # -- scoring -----------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def forward(self, tokens, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, logits: bool = True,
+                hidden_states: bool = False):
+        """Append ``tokens`` (n ids) to the cache; return raw fp32 logits [n, out_vocab].
+
+        ``logits=False`` skips the LM head (prefill). ``hidden_states=True`` also returns the tuple of
+        per-layer hidden states (EAGLE-style drafters). A tree forward passes a 4-D additive or
+        boolean ``attention_mask`` over [cache + n] and ``position_ids`` [1, n].
+        """
+        ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(1, -1)
+        kwargs = {self._cache_kw: self.cache, "use_cache": True}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = {"full_attention": attention_mask}
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids.to(self.device)
+        if not logits:
+            kwargs["logits_to_keep"] = 1
+        if hidden_states:
+            kwargs["output_hidden_states"] = True
+        self._sync()
+        t0 = time.perf_counter()
+        out = self.model(input_ids=ids, **kwargs)
+        z = out.logits[0].float() if logits else None
+        self._sync()
+        self.forward_s += time.perf_counter() - t0
+        self.n_forwards += 1
+        if z is not None and self.out_vocab != self.vocab:
+            z = _map_vocab(z, self.out_vocab)
+        return (z, out.hidden_states) if hidden_states else z
+
+
+def _map_vocab(z: torch.Tensor, width: int) -> torch.Tensor:
+    if z.shape[-1] >= width:
+        return z[..., :width]
+    pad = torch.full((*z.shape[:-1], width - z.shape[-1]), float("-inf"), device=z.device)
+    return torch.cat([z, pad], dim=-1)
+

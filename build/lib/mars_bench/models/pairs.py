@@ -1,0 +1,123 @@
+"""Loading a (target, draft, tokenizer) pair from a model config; loaded pairs are reused in-process."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .adapter import CausalLMAdapter, resolve_dtype
+
+log = logging.getLogger(__name__)
+_LOADED: dict[str, "Pair"] = {}
+
+
+class TokenizerMismatch(ValueError):
+    """The draft's tokenizer differs from the target's."""
+
+
+@dataclass
+class Pair:
+    target: CausalLMAdapter
+    draft: CausalLMAdapter | None
+    tokenizer: Any
+    target_path: str = ""
+    draft_path: str = ""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("model.device='cuda' but no CUDA device is available; allowed here: cpu, auto")
+    return torch.device(name)
+
+
+def check_tokenizers(target_tok, draft_tok) -> None:
+    """Speculative decoding needs identical token ids; embedding sizes may differ (padding)."""
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv == dv:
+        return
+    diff = sorted(set(tv.items()) ^ set(dv.items()), key=lambda kv: kv[1])
+    tok, _ = diff[0]
+    raise TokenizerMismatch(
+        f"draft tokenizer differs from the target's ({len(tv)} vs {len(dv)} tokens; e.g. {tok!r}: "
+        f"target id {tv.get(tok)}, draft id {dv.get(tok)}); allowed: a draft with the target's tokenizer")
+
+
+def _paths(mcfg) -> tuple[str, str | None]:
+    if mcfg.source == "embedded":
+        from .embedded import ensure_model
+
+        cache = mcfg.cache_dir
+        stored = "bf16" if mcfg.dtype == "bf16" else "fp32"   # the cache holds fp32 and bf16 copies
+        target = str(ensure_model(mcfg.target, cache, stored))
+        draft = str(ensure_model(mcfg.draft, cache, stored)) if mcfg.draft else None
+        return target, draft
+    return mcfg.target, mcfg.draft
+
+
+def load_tokenizers(mcfg):
+    """(target tokenizer, draft paths); checks the draft tokenizer before any model is loaded."""
+    from transformers import AutoTokenizer
+
+    target_path, draft_path = _paths(mcfg)
+    tok = AutoTokenizer.from_pretrained(target_path)
+    if draft_path:
+        check_tokenizers(tok, AutoTokenizer.from_pretrained(draft_path))
+    return tok, target_path, draft_path
+
+
+def load_pair(mcfg, need_draft: bool = True) -> Pair:
+    """The (target, draft, tokenizer) of a model config; loaded once per process and reused."""
+    key = repr(sorted(dict(mcfg).items()))
+    device, dtype = resolve_device(mcfg.device), resolve_dtype(mcfg.dtype)
+    pair = _LOADED.get(key)
+    if pair is None:
+        if mcfg.source == "tiny":
+            from .tiny import tiny_pair
+
+            target, _, tok = tiny_pair(seed=mcfg.seed, noise=mcfg.noise, dtype=dtype)
+            t_path = d_path = "tiny"
+        else:
+            from transformers import AutoModelForCausalLM
+
+            tok, t_path, d_path = load_tokenizers(mcfg)
+            kw = {"dtype": dtype, **({"device_map": mcfg.device_map} if mcfg.device_map else {})}
+            log.info("loading target %s", t_path)
+            target = AutoModelForCausalLM.from_pretrained(t_path, **kw)
+        target = _prepare(target if mcfg.device_map else target.to(device), mcfg, device)
+        pair = _LOADED[key] = Pair(CausalLMAdapter(target, name=t_path), None, tok, t_path, d_path or "")
+    if need_draft and pair.draft is None and pair.draft_path:   # e.g. an ar job ran first
+        if mcfg.source == "tiny":
+            from .tiny import tiny_pair
+
+            draft = tiny_pair(seed=mcfg.seed, noise=mcfg.noise, dtype=dtype)[1]
+        else:
+            from transformers import AutoModelForCausalLM
+
+            log.info("loading draft %s", pair.draft_path)
+            draft = AutoModelForCausalLM.from_pretrained(pair.draft_path, dtype=dtype)
+        draft = draft.to(device)
+        if mcfg.draft_quant == "int8":
+            from .fastpath import quantize_int8
+
+            draft = quantize_int8(draft)   # a cheaper proposer; the target decides, so sd stays lossless
+        pair.draft = CausalLMAdapter(_prepare(draft, mcfg, device), out_vocab=pair.target.vocab,
+                                     name=pair.draft_path)
+    return pair
+
+
+def _prepare(model, mcfg, device: torch.device):
+    if _fast_path_on(mcfg, device):
+        from .fastpath import enable_fast_path
+
+        return enable_fast_path(model, kernel="mkl" if mcfg.fast_path == "mkl" else "auto")
+    return model
+
+
+def _fast_path_on(mcfg, device: torch.device) -> bool:
+    if mcfg.fast_path in ("on", "mkl"):
+        return True
+    return mcfg.fast_path == "auto" and device.type == "cpu" and mcfg.source != "tiny"

@@ -1,0 +1,110 @@
+"""Tables and figures from results trees (reads results files only).
+
+    mars-bench-report [ROOT ...] [--out DIR] [--theta 0.9] [--no-figures]
+
+prints the main table (markdown) to stdout and writes every table (``.md``, ``.csv``, ``.tex``) and figure
+(``.png``, ``.pdf``) to ``<first ROOT>/report/`` (or ``--out``), with ``report.md`` linking them all.
+Problems found while reading (corrupt or truncated sample lines) go to stderr and are marked in the tables.
+Every number with uncertainty is shown as ``value [lo, hi]`` (95% CI), quality deltas with their p-value,
+n and MDE, and runs with more than 5% of samples cut at max_new_tokens are flagged (``mars_bench.stats``).
+
+Python API (also used by notebooks/analysis.ipynb):
+
+    from mars_bench.report import load_runs, all_tables, group_figures, groups
+    runs = load_runs(["results", "other_worker/results"])
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .figures import group_figures, make_figures
+from .load import DEFAULT_THETA, Run, groups, load_runs, problems
+from .tables import Table, all_tables, write_tables
+
+__all__ = ["Run", "Table", "all_tables", "group_figures", "groups", "load_runs", "main", "make_figures",
+           "problems", "write_report", "run_figures"]
+
+
+def write_report(roots, out: str | Path | None = None, theta: float = DEFAULT_THETA,
+                 figures: bool = True) -> dict:
+    """Load ``roots``, write tables and figures under ``out``; returns {'runs', 'tables', 'paths', 'out'}."""
+    roots = [roots] if isinstance(roots, (str, Path)) else list(roots)
+    out = Path(out) if out is not None else Path(roots[0]) / "report"
+    runs = load_runs(roots)
+    tables = all_tables(runs, theta)
+    paths = write_tables(tables, out / "tables")
+    figs = make_figures(runs, out / "figures", theta) if figures else []
+    _write_index(out, roots, runs, tables, figs)
+    return {"runs": runs, "tables": tables, "paths": paths + figs, "out": out}
+
+
+def _write_index(out: Path, roots, runs, tables, figs) -> None:
+    from ..records import atomic_write_text
+
+    lines = ["# mars-bench report", "", f"Results read from: {', '.join(str(r) for r in roots)} "
+             f"({len(runs)} runs). Regenerate with `mars-bench-report {' '.join(str(r) for r in roots)}`.", ""]
+    probs = problems(runs)
+    if probs:
+        lines += ["## Problems (lines skipped)", ""] + [f"- {p}" for p in probs] + [""]
+    for name, t in tables.items():
+        lines += [f"## {name}", "", f"Files: tables/{name}.md, tables/{name}.csv, tables/{name}.tex", "",
+                  t.to_markdown(), ""]
+    pngs = [p for p in figs if p.suffix == ".png"]
+    if pngs:
+        lines += ["## Figures", ""] + [f"![{p.stem}](figures/{p.name})" for p in pngs]
+    atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
+
+
+def run_figures(run_dir: str | Path, theta: float = DEFAULT_THETA) -> list[Path]:
+    """PNG figures of one run, saved to ``<run_dir>/figures``: r distribution and z1 histogram of its
+    positions, speedup and tau beside its siblings (same settings). Used by the W&B logger."""
+    from .figures import slug, speedup_tau
+    from .logits import r_distribution, z1_histogram
+
+    run_dir = Path(run_dir)
+    runs = load_runs(run_dir.parent)
+    mine = next((r for r in runs if r.tag == run_dir.name), None)
+    if mine is None:
+        return []
+    figs = {"speedup_tau": speedup_tau(groups(runs)[mine.settings], theta)}
+    if mine.method != "ar":
+        figs.update(r_distribution=r_distribution(mine, theta), z1_histogram=z1_histogram(mine))
+    paths = []
+    for name, fig in figs.items():
+        if fig is not None:
+            paths.append(run_dir / "figures" / f"{name}__{slug(mine)}.png")
+            paths[-1].parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(paths[-1], dpi=120)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mars-bench-report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("roots", nargs="*", default=["results"], metavar="ROOT",
+                    help="results trees to read and merge (default: results)")
+    ap.add_argument("--out", default=None, help="output folder (default: <first ROOT>/report)")
+    ap.add_argument("--theta", type=float, default=DEFAULT_THETA,
+                    help=f"mars theta shown in the main table and marked in figures (default {DEFAULT_THETA})")
+    ap.add_argument("--no-figures", action="store_true", help="tables only")
+    args = ap.parse_args(argv)
+    try:
+        res = write_report(args.roots, args.out, args.theta, figures=not args.no_figures)
+    except FileNotFoundError as e:
+        print(f"mars-bench-report: error: {e}", file=sys.stderr)
+        return 2
+    for p in problems(res["runs"]):
+        print(f"mars-bench-report: warning: {p} (skipped)", file=sys.stderr)
+    if not res["runs"]:
+        print(f"mars-bench-report: no runs found under {', '.join(args.roots)}", file=sys.stderr)
+        return 1
+    print(res["tables"]["main"].to_markdown())
+    n_fig = sum(p.suffix == ".png" for p in res["paths"])
+    print(f"mars-bench-report: {len(res['runs'])} runs; wrote {len(res['tables'])} tables (md, csv, tex) and "
+          f"{n_fig} figures (png, pdf) to {res['out']} (index: {res['out'] / 'report.md'})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,354 @@
+"""Paper figures from ``Run`` objects (matplotlib, object API: no pyplot state, any backend).
+
+One figure per settings group (model pair, task, T, p, n, seed); each function returns a ``Figure``
+(or None when the group lacks the runs it needs); ``make_figures`` writes PNG and PDF files.
+
+    speedup_tau(group)         speedup over ar (both definitions) and tau per method
+    theta_sensitivity(group)   speedup, tau and quality vs theta, sd (lossless) as a reference line
+    fidelity_vs_theta(group)   agreement with ar outputs vs theta, sd as a reference line
+    acceptance_by_depth(group) acceptance rate per draft position
+    r_distribution(run), z1_histogram(run)   from .logits (paper Fig. 1d and Fig. 4a)
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from .load import DEFAULT_THETA, Run, groups
+from .logits import logit_run, r_distribution, z1_histogram
+from .tables import ARROW, headline_metric, quality_ci, quality_p
+
+COLORS = {"ar": "#7f7f7f", "sd": "#1f77b4", "mars": "#ff7f0e"}
+plt_rc = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9}
+
+
+def _new(ncols: int, width: float = 5.0, height: float = 4.2) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    return fig, list(axes)
+
+
+def _suptitle(fig: Figure, what: str, run: Run) -> None:
+    fig.suptitle(f"{what}\n{run.title}  ({run.settings_label})", fontsize=12)
+
+
+def _ci(run: Run, key: str) -> tuple[float, float] | None:
+    """The stored 95% CI of ``run.stats[key]`` (tau, tokens_per_s, speedup), None when there is none."""
+    est = (run.stats or {}).get(key) or {}
+    return (est["lo"], est["hi"]) if est.get("lo") is not None and est.get("hi") is not None else None
+
+
+def _yerr(values, cis) -> list[list[float]]:
+    """matplotlib's 2 x N asymmetric error bars; 0 where a value has no interval."""
+    lo = [v - c[0] if v is not None and c else 0.0 for v, c in zip(values, cis)]
+    hi = [c[1] - v if v is not None and c else 0.0 for v, c in zip(values, cis)]
+    return [lo, hi]
+
+
+def _n_label(runs: list[Run]) -> str:
+    ns = sorted({r.n_samples for r in runs})
+    return f"n = {ns[0]} samples" if len(ns) == 1 else f"n = {ns[0]}-{ns[-1]} samples"
+
+
+def _mark_default(ax, theta: float) -> None:
+    ax.axvline(theta, color="k", ls=":", lw=1.2, label=f"default θ={theta:g}")
+
+
+def speedup_tau(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:
+    runs = [r for r in group if r.totals.get("tau")]
+    if not runs or all(r.method == "ar" for r in runs):
+        return None
+    fig = Figure(figsize=(max(7.0, 0.75 * len(runs) + 3.0), 7.6), layout="constrained")
+    a1, a2 = fig.subplots(2, 1, sharex=True)
+    x = list(range(len(runs)))
+    colors = [COLORS.get(r.method, "#ff7f0e" if r.relaxed else "#17becf") for r in runs]
+    hatch = ["//" if r.relaxed and r.theta == theta else "" for r in runs]
+    sp = [1.0 if r.method == "ar" else (r.speedup or {}).get("speedup") for r in runs]
+    mean = [1.0 if r.method == "ar" else (r.speedup or {}).get("speedup_mean_ratio") for r in runs]
+    tau = [r.totals.get("tau") for r in runs]
+    sp_ci = [None if r.method == "ar" else _ci(r, "speedup") for r in runs]
+    tau_ci = [_ci(r, "tau") for r in runs]
+    a1.bar(x, [v or 0 for v in sp], color=colors, hatch=hatch, edgecolor="k", lw=0.6,
+           label="ratio of total tokens/s (bar)")
+    a1.errorbar(x, [v or 0 for v in sp], yerr=_yerr(sp, sp_ci), fmt="none", ecolor="k", capsize=4, lw=1,
+                label="95% CI (paired bootstrap)")
+    a1.scatter([i for i, v in zip(x, mean) if v is not None], [v for v in mean if v is not None], marker="D",
+               color="k", zorder=3, s=22, label="mean of per-sample ratios (◆)")
+    a1.axhline(1.0, color=COLORS["ar"], ls="--", lw=1, label="ar = 1×")
+    top = max([v or 0 for v in sp + mean] + [c[1] for c in sp_ci if c] + [1.0])
+    for i, (v, m, c) in enumerate(zip(sp, mean, sp_ci)):
+        a1.annotate("n/a: no ar run" if v is None else f"{v:.2f}×", (i, max(v or 0, m or 0, c[1] if c else 0)
+                    + 0.03 * top), ha="center", va="bottom", fontsize=8)
+    a1.set_ylim(0, top * 1.45)
+    a1.set_ylabel("speedup over ar (×)")
+    a1.set_title("speedup (same samples, same settings)")
+    a2.bar(x, tau, color=colors, hatch=hatch, edgecolor="k", lw=0.6)
+    a2.errorbar(x, tau, yerr=_yerr(tau, tau_ci), fmt="none", ecolor="k", capsize=4, lw=1)
+    for i, (v, c) in enumerate(zip(tau, tau_ci)):
+        a2.annotate(f"{v:.2f}", (i, c[1] if c else v), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                    textcoords="offset points")
+    a2.set_ylim(0, max([t for t in tau] + [c[1] for c in tau_ci if c]) * 1.3)
+    a2.set_ylabel("τ (tokens per target forward)")
+    a2.set_title("τ = accepted drafts + 1, per verification step (error bars: 95% CI)")
+    a2.set_xticks(x, [f"{r.label}\nn={r.n_samples}" for r in runs], rotation=30, ha="right")
+    a2.set_xlabel("method")
+    handles, labels = a1.get_legend_handles_labels()
+    if any(hatch):
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(facecolor=COLORS["mars"], hatch="//", edgecolor="k"))
+        labels.append(f"mars at the default θ={theta:g}")
+    a1.legend(handles, labels, loc="upper left", ncol=2)
+    _suptitle(fig, f"Speedup and τ per method ({_n_label(runs)}, error bars: 95% CI)", runs[0])
+    return fig
+
+
+PALETTE = ["#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22"]
+REF_PALETTE = ["#1f77b4", "#17becf", "#7f7f7f", "#d62728"]
+
+
+def _theta_series(group: list[Run]) -> tuple[list[tuple[str, list[Run], str]], list[tuple[str, Run, str]]]:
+    """([(family label, runs by theta, color)] of margin-aware methods, [(label, run, color)] of the
+    lossless references: sd, or tree / EAGLE variants without theta)."""
+    fams: dict = {}
+    for r in group:
+        if r.relaxed and r.theta is not None:      # rules with a theta (mars, mars_prob)
+            fams.setdefault(r.family, []).append(r)
+    ordered = sorted(fams.values(), key=lambda rs: (rs[0].method != "mars", rs[0].family_label))
+    series = [(rs[0].family_label, sorted(rs, key=lambda r: r.theta), PALETTE[i % len(PALETTE)])
+              for i, rs in enumerate(ordered)]
+    refs = sorted((r for r in group if r.lossless), key=lambda r: (r.method != "sd", r.label))
+    return series, [(r.label, r, REF_PALETTE[i % len(REF_PALETTE)]) for i, r in enumerate(refs)]
+
+
+def _panel(ax, series, refs, value, annotate=None, ci=None) -> None:
+    """One line per margin-aware family vs theta, one dashed line per lossless reference; ``ci(run)``:
+    its 95% CI (error bars on the lines, a shaded band around a reference), None where it has none."""
+    ci = ci or (lambda r: None)
+    for label, runs, color in series:
+        ys = [value(r) for r in runs]
+        ax.errorbar([r.theta for r in runs], [float("nan") if y is None else y for y in ys],
+                    yerr=_yerr(ys, [ci(r) for r in runs]), fmt="o-", color=color, capsize=3, label=label)
+        for r, y in zip(runs, ys):
+            if annotate and y is not None:
+                ax.annotate(annotate(r), (r.theta, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for label, r, color in refs:
+        if value(r) is not None:
+            ax.axhline(value(r), color=color, ls="--", lw=1.5, label=f"{label} (lossless)")
+            if ci(r):
+                ax.axhspan(*ci(r), color=color, alpha=0.12, lw=0)
+
+
+def theta_sensitivity(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:
+    series, refs = _theta_series(group)
+    if not series:
+        return None
+    fig, (a1, a2, a3) = _new(3, width=4.6, height=4.6)
+    th = [r.theta for _, runs, _ in series for r in runs]
+    _panel(a1, series, refs, lambda r: (r.speedup or {}).get("speedup"), ci=lambda r: _ci(r, "speedup"))
+    for label, runs, color in series:
+        a1.plot([r.theta for r in runs], [(r.speedup or {}).get("speedup_mean_ratio") or float("nan") for r in runs],
+                "D:", color=color, ms=4, label=f"{label}: mean of per-sample speedups")
+    a1.axhline(1.0, color=COLORS["ar"], ls="-.", lw=1, label="ar = 1×")
+    a1.set_ylabel("speedup over ar (×)")
+    a1.set_title("speedup vs θ")
+    _panel(a2, series, refs, lambda r: r.totals.get("tau"), ci=lambda r: _ci(r, "tau"))
+    a2.set_ylabel("τ (tokens per target forward)")
+    a2.set_title("τ vs θ")
+    first = series[0][1]
+    runs_all = [r for _, runs, _ in series for r in runs] + [r for _, r, _ in refs]
+    metric = next((headline_metric(r) for r in runs_all if headline_metric(r)), None)
+    if metric:
+        arrow = ARROW.get(first[0].metric_directions.get(metric), "")
+        _panel(a3, series, refs, lambda r: r.quality.get(metric),
+               annotate=lambda r: f"n={r.quality.get('n', r.n_samples)}", ci=lambda r: quality_ci(r, metric))
+        ar = next((r for r in group if r.method == "ar" and r.quality.get(metric) is not None), None)
+        if ar is not None:
+            a3.axhline(ar.quality[metric], color=COLORS["ar"], ls="-.", lw=1.5, label="ar (quality)")
+            if quality_ci(ar, metric):
+                a3.axhspan(*quality_ci(ar, metric), color=COLORS["ar"], alpha=0.12, lw=0)
+        sig = [(r.theta, r.quality[metric]) for _, runs, _ in series for r in runs
+               if r.quality.get(metric) is not None and (quality_p(r, metric) or 1.0) < 1 - _level(r)]
+        if sig:
+            a3.scatter(*zip(*sig), marker="*", s=160, color="#d62728", zorder=4,
+                       label="differs from ar (p < 0.05, paired test)")
+        a3.set_ylabel(f"{metric} ({arrow} better)")
+        a3.set_title("quality vs θ (n = samples scored; bars: 95% CI)")
+    else:   # no quality metric (e.g. the prompts set): acceptance instead
+        _panel(a3, series, refs, lambda r: r.totals.get("acceptance_rate"))
+        a3.set_ylabel("acceptance rate (accepted / proposed drafts)")
+        a3.set_title(f"acceptance vs θ (task {first[0].task}: no quality metric)")
+    for ax in (a1, a2, a3):
+        _mark_default(ax, theta)
+        ax.set_xlabel("θ (relax when r = z2/z1 > θ)")
+        ax.set_xlim(*_theta_limits(th, theta))
+    _shared_legend(fig, (a1, a2, a3))
+    _suptitle(fig, f"θ sensitivity of mars ({_n_label(runs_all)}, error bars: 95% CI)", first[0])
+    return fig
+
+
+def _level(run: Run) -> float:
+    return float(((run.stats or {}).get("settings") or {}).get("level", 0.95))
+
+
+def _theta_limits(th: list[float], theta: float) -> tuple[float, float]:
+    lo, hi = min(th + [theta]), max(th + [theta])
+    pad = max(0.01, 0.05 * (hi - lo))
+    return lo - pad, hi + pad
+
+
+def _shared_legend(fig: Figure, axes) -> None:
+    """One legend under the panels (entries with the same label drawn once)."""
+    seen = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    width = max(len(lab) for lab in seen) if seen else 1
+    ncol = max(1, min(len(seen), int(fig.get_figwidth() * 11 / (width + 6))))   # ~11 characters per inch
+    fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=ncol)
+
+
+def fidelity_vs_theta(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:
+    series, refs = _theta_series(group)
+    series = [(label, [r for r in runs if r.fidelity], c) for label, runs, c in series]
+    series = [x for x in series if x[1]]
+    if not series:
+        return None
+    fig, axes = _new(3, width=4.6, height=4.6)
+    th = [r.theta for _, runs, _ in series for r in runs]
+    keys = [("pct_identical", "outputs identical to ar (%)"),
+            ("median_first_divergence", "median first divergence (token index)"),
+            ("mean_chrf_to_ar", "mean chrF of output vs ar (0-100)")]
+    for ax, (key, ylabel) in zip(axes, keys):
+        _panel(ax, series, refs, lambda r, key=key: ((r.fidelity or {}).get("aggregate") or {}).get(key),
+               ci=lambda r, key=key: _fidelity_ci(r, key))
+        _mark_default(ax, theta)
+        ax.set_xlabel("θ (relax when r = z2/z1 > θ)")
+        ax.set_ylabel(ylabel)
+        ax.set_xlim(*_theta_limits(th, theta))
+    _shared_legend(fig, axes)
+    axes[1].set_title("over samples that differ from ar")
+    axes[0].set_ylim(-3, 103)
+    first = series[0][1][0]
+    _suptitle(fig, f"Fidelity to ar vs θ (n={first.fidelity['aggregate'].get('n')} samples compared)", first)
+    return fig
+
+
+def _fidelity_ci(run: Run, key: str) -> tuple[float, float] | None:
+    """Stored 95% CI of a fidelity aggregate (identical share, mean chrF to ar) over the same samples."""
+    est = (((run.stats or {}).get("fidelity") or {}).get(key)) or {}
+    same = est.get("n") == ((run.fidelity or {}).get("aggregate") or {}).get("n")
+    return (est["lo"], est["hi"]) if same and est.get("lo") is not None and est.get("hi") is not None else None
+
+
+def acceptance_by_depth(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:
+    runs = [r for r in group if r.method != "ar" and r.totals.get("acceptance_per_depth")]
+    if not runs:
+        return None
+    fig, (ax,) = _new(1, width=8.5, height=5.5)
+    cmap = __import__("matplotlib").colormaps["viridis"]
+    mars = [r for r in runs if r.relaxed]
+    for r in runs:
+        acc = r.totals["acceptance_per_depth"]
+        if r.relaxed:
+            i = mars.index(r)
+            style = {"color": cmap(i / max(1, len(mars) - 1) * 0.9), "marker": "o",
+                     "lw": 2.5 if r.theta == theta else 1.2}
+        else:
+            style = {"color": COLORS.get(r.method, "#17becf"), "marker": "s", "ls": "--", "lw": 2}
+        ax.plot(range(1, len(acc) + 1), acc, label=r.label + (" (default)" if r.theta == theta else ""), **style)
+    ax.set_xlabel("draft position (depth)")
+    ax.set_ylabel("acceptance rate at depth")
+    ax.set_ylim(0, 1.02)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=min(4, len(runs)))
+    _suptitle(fig, "Acceptance per draft position", runs[0])
+    return fig
+
+
+def rules_frontier(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:
+    """Verification rules side by side: speedup over ar (x) against quality and against fidelity (chrF
+    to ar) (y), one line per lossy rule through its sweep knob's values, the lossless run as the
+    reference point; error bars are the stored 95% CIs. Drawn when the group holds >= 2 lossy rules."""
+    lossy = [r for r in group if r.relaxed and r.sweep_value is not None]
+    if len({r.rt.rule for r in lossy}) < 2:
+        return None
+    fams: dict = {}
+    for r in lossy:
+        fams.setdefault(r.family, []).append(r)
+    refs = [r for r in group if r.lossless and r.rt.scheme == lossy[0].rt.scheme]
+    metric = next((headline_metric(r) for r in lossy if headline_metric(r)), None)
+    fig, axes = _new(2 if metric else 1, width=5.6, height=4.8)
+    panels = ([(axes[0], lambda r: r.quality.get(metric), lambda r: quality_ci(r, metric),
+                f"{metric} ({ARROW.get(lossy[0].metric_directions.get(metric), '')} better)")] if metric else [])
+    panels.append((axes[-1], lambda r: ((r.fidelity or {}).get("aggregate") or {}).get("mean_chrf_to_ar"),
+                   lambda r: _fidelity_ci(r, "mean_chrf_to_ar"), "chrF to the ar output (100 = identical)"))
+    sp = lambda r: (r.speedup or {}).get("speedup")  # noqa: E731
+    for ax, y, yci, ylabel in panels:
+        for i, (fam, runs) in enumerate(sorted(fams.items(), key=lambda kv: (kv[1][0].method != "mars", kv[0]))):
+            runs = sorted(runs, key=lambda r: r.sweep_value)
+            xs, ys = [sp(r) for r in runs], [y(r) for r in runs]
+            ax.errorbar([float("nan") if v is None else v for v in xs], [float("nan") if v is None else v for v in ys],
+                        xerr=_yerr(xs, [_ci(r, "speedup") for r in runs]), yerr=_yerr(ys, [yci(r) for r in runs]),
+                        fmt="o-", color=PALETTE[i % len(PALETTE)], capsize=3, label=runs[0].family_label)
+            for r, xv, yv in zip(runs, xs, ys):
+                if xv is not None and yv is not None:
+                    ax.annotate(f"{r.sweep_knob}={r.sweep_value:g}", (xv, yv), fontsize=7, xytext=(3, 3),
+                                textcoords="offset points")
+        for j, r in enumerate(refs):
+            xv, yv = sp(r), y(r)
+            if xv is not None and yv is not None:
+                ax.errorbar([xv], [yv], xerr=_yerr([xv], [_ci(r, "speedup")]), yerr=_yerr([yv], [yci(r)]), fmt="*",
+                            ms=13, color=REF_PALETTE[j % len(REF_PALETTE)], capsize=3, label=f"{r.label} (lossless)")
+        ar = next((r for r in group if r.method == "ar" and y(r) is not None), None)
+        if ar is not None and ax is not axes[-1]:
+            ax.axhline(y(ar), color=COLORS["ar"], ls="-.", lw=1.2, label="ar (quality)")
+            if yci(ar):
+                ax.axhspan(*yci(ar), color=COLORS["ar"], alpha=0.12, lw=0)
+        ax.set_xlabel("speedup over ar (×)")
+        ax.set_ylabel(ylabel)
+    _shared_legend(fig, axes)
+    _suptitle(fig, f"Verification rules: speed against quality ({_n_label(lossy + refs)}, bars: 95% CI)", lossy[0])
+    return fig
+
+
+FIGURES = {"speedup_tau": speedup_tau, "theta_sensitivity": theta_sensitivity, "rules_frontier": rules_frontier,
+           "fidelity_vs_theta": fidelity_vs_theta, "acceptance_by_depth": acceptance_by_depth}
+
+
+def slug(run: Run) -> str:
+    s = f"{run.model_dir}__{run.task_dir}__T{run.temperature:g}-p{run.top_p:g}-n{run.max_new_tokens}-s{run.seed}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", s)
+
+
+def group_figures(group: list[Run], theta: float = DEFAULT_THETA) -> dict[str, Figure]:
+    out = {name: fn(group, theta) for name, fn in FIGURES.items()}
+    run = logit_run(group, theta)
+    if run is not None:
+        out["r_distribution"] = r_distribution(run, theta)
+        out["z1_histogram"] = z1_histogram(run)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def save(fig: Figure, path_stem: Path) -> list[Path]:
+    path_stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [path_stem.parent / f"{path_stem.name}.png", path_stem.parent / f"{path_stem.name}.pdf"]
+    fig.savefig(paths[0], dpi=150)
+    fig.savefig(paths[1])
+    return paths
+
+
+def make_figures(runs: list[Run], out_dir, theta: float = DEFAULT_THETA) -> list[Path]:
+    """Every figure for every settings group, as ``<out_dir>/<figure>__<group>.{png,pdf}``."""
+    import matplotlib
+
+    paths = []
+    with matplotlib.rc_context(plt_rc):
+        for group in groups(runs).values():
+            for name, fig in group_figures(group, theta).items():
+                paths += save(fig, Path(out_dir) / f"{name}__{slug(group[0])}")
+    return paths

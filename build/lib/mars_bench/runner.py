@@ -1,0 +1,330 @@
+"""The runner: validate, load the task's samples, skip samples already in ``samples.jsonl``, decode the
+rest (records written one by one), then write ``summary.json`` atomically.
+
+Two ways to compare methods (docs/reproduce.md):
+  * one method per job (``mars-bench -m method=ar,sd,mars``): jobs run one after another;
+  * interleaved (``interleave``: a list of override lists, e.g. ``+compare=methods``): one job loads the
+    models once and decodes each sample with every compared method in turn, rotating the order per
+    sample, so drift in the machine's speed lands on all methods alike and shows up as a wider
+    interval instead of a false speedup. Each method still writes its own run directory, resumable.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from . import config as C
+from .decode import generate
+from .records import SampleWriter, atomic_write_text
+from .summary import summarize_run
+from .tags import RunTag
+from .wandb_logger import make_logger
+
+log = logging.getLogger("mars_bench")
+
+
+def model_dir(cfg) -> str:
+    m = cfg.model
+    return f"{m.name}_{m.dtype}_{m.device}" + {"off": "_nofast", "mkl": "_mklfast"}.get(m.fast_path, "")
+
+
+def prepare(cfg):
+    """Everything that can fail on bad input, before any model is loaded or file written."""
+    from .tasks import get_task
+
+    from .tasks.data import DataError
+
+    C.validate(cfg)
+    overrides = {} if cfg.task.system_prompt is None else {"system_prompt": cfg.task.system_prompt}
+    data_dir = os.environ.get("MARS_BENCH_DATA_DIR") or cfg.data_dir
+    try:   # the task registry and loaders check names, options, limit and subset: bad input
+        task = get_task(cfg.task.name, **overrides)
+        samples = task.load(data_dir, limit=cfg.limit, subset=cfg.subset)
+    except DataError:
+        raise
+    except ValueError as e:
+        raise C.ConfigError(str(e)) from None
+    max_new = cfg.max_new_tokens or cfg.task.max_new_tokens or task.max_new_tokens
+    task_dir = Path(cfg.results_dir) / model_dir(cfg) / f"{task.name}-v{task.version}"
+    return task, samples, data_dir, max_new, task_dir
+
+
+class Job:
+    """One method's run directory within a run: its config, tag, method, writer and samples to do."""
+
+    def __init__(self, cfg, interleaved: bool = False):
+        self.cfg, self.interleaved = cfg, interleaved
+        self.task, self.samples, self.data_dir, self.max_new, self.task_dir = prepare(cfg)
+        self.tag = RunTag.from_config(cfg, self.max_new)
+        self.run_dir = self.task_dir / self.tag.format()
+        self.method = C.method_of(cfg)
+        self.writer = SampleWriter(self.run_dir / "samples.jsonl")
+        self.todo = {s.id for s in self.samples if s.id not in self.writer.done}
+        sweep = C.RULES[self.tag.rule].sweep if self.method.speculative else None
+        self.label = f"{cfg.model.name} | {self.task.name} | {self.tag.head}" + (
+            f" {sweep}={self.tag.settings[sweep]:g}" if sweep else "")
+
+    def summarize(self) -> dict:
+        ref = self.tag.lossless_reference()
+        ar_dir = self.task_dir / self.tag.baseline().format() if self.tag.scheme != "ar" else None
+        return summarize_run(self.run_dir, self.task, self.samples, self.cfg, self.data_dir, ar_dir=ar_dir,
+                             sd_dir=self.task_dir / ref.format() if ref else None)
+
+
+def run(cfg) -> dict | list[dict]:
+    """One job; with ``interleave`` set, every compared method of it, interleaved (returns their summaries)."""
+    if cfg.get("interleave"):
+        return run_interleaved(cfg, variant_configs(cfg))
+    job = Job(cfg)
+    log.info("%s: %d samples (%d already done) -> %s", job.label, len(job.samples),
+             len(job.samples) - len(job.todo), job.run_dir)
+    logger = make_logger(cfg.logger, job.run_dir, cfg)
+    try:
+        if job.todo and _batch_size(cfg) > 1:
+            ctx = Models(cfg, [job.method])
+            bar = _progress(None, job.label, cfg.progress, total=len(job.todo))
+            todo = [(i, s) for i, s in enumerate(job.samples) if s.id in job.todo]
+            ctx.decode_batched(job, todo, lambda sample, rec: (_write(job, sample, rec, logger), bar.update(1)),
+                               source=job.writer.claimed(todo))   # no sample twice
+            bar.close()
+        elif job.todo:   # a finished run (e.g. a reused ar baseline) loads no model: it only re-summarizes
+            ctx = Models(cfg, [job.method])
+            todo = [(i, smp) for i, smp in enumerate(job.samples) if smp.id in job.todo]
+            for i, sample in _progress(job.writer.claimed(todo), job.label, cfg.progress):   # no sample twice
+                _write(job, sample, ctx.decode(job, sample, i), logger)
+        summary = job.summarize()
+        logger.log_summary(summary)
+    finally:
+        job.writer.close()
+        logger.close()
+    log.info("%s: %s", job.label, {k: summary["totals"][k] for k in ("tokens_per_s", "tau", "n_relaxed")})
+    return summary
+
+
+def variant_configs(cfg) -> list:
+    """The config of every entry of ``interleave`` (a list of override lists), composed like a job of a sweep
+    from this job's own overrides plus the entry's; entries may change only method.* and rule.*."""
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+
+    base = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").split("=")[0] in ("interleave", "compare")]
+    out = []
+    for entry in cfg.interleave:
+        entry = [entry] if isinstance(entry, str) else list(entry)
+        bad = [o for o in entry if o.split("=")[0].lstrip("+~").split(".")[0] not in ("method", "rule")]
+        if bad:
+            raise C.ConfigError(f"interleave entry {bad[0]!r}; allowed: overrides of method.* and rule.* only "
+                                "(the compared methods share model, task and decoding settings)")
+        v = compose(config_name="config", overrides=base + entry)
+        OmegaConf.set_struct(v, False)
+        v.interleave = []
+        out.append(v)
+    return out
+
+
+def run_interleaved(cfg, variants: list) -> list[dict]:
+    jobs = [Job(v, interleaved=True) for v in variants]           # every variant validated before any model loads
+    tags = [j.tag.format() for j in jobs]
+    dup = {t for t in tags if tags.count(t) > 1}
+    if dup:
+        raise C.ConfigError(f"interleave lists the same run twice: {sorted(dup)[0]}")
+    samples = jobs[0].samples
+    todo = sum(len(j.todo) for j in jobs)
+    log.info("interleaved: %d methods x %d samples (%d decodes to do) on %s", len(jobs), len(samples), todo,
+             jobs[0].task.name)
+    loggers = [make_logger(j.cfg.logger, j.run_dir, j.cfg) for j in jobs]
+    try:
+        if todo:
+            ctx = Models(cfg, [j.method for j in jobs])
+            bar = _progress(None, f"{cfg.model.name} | {jobs[0].task.name} | {len(jobs)} methods interleaved",
+                            cfg.progress, total=todo)
+            if _batch_size(cfg) > 1:
+                _interleave_batched(ctx, jobs, samples, loggers, bar, _batch_size(cfg))
+            for i, sample in enumerate(samples if _batch_size(cfg) == 1 else []):
+                for n in range(len(jobs)):           # rotate the order per sample
+                    j = (i + n) % len(jobs)
+                    if sample.id in jobs[j].todo and jobs[j].writer.claim(sample.id):   # another process may hold it
+                        _write(jobs[j], sample, ctx.decode(jobs[j], sample, i, order=n), loggers[j])
+                        bar.update(1)
+            for j, job in enumerate(jobs):           # samples another process held: wait, take over if it died
+                rest = [(i, smp) for i, smp in enumerate(samples) if smp.id in job.todo]
+                for i, sample in job.writer.claimed(rest):
+                    _write(job, sample, ctx.decode(job, sample, i), loggers[j])
+                    bar.update(1)
+            bar.close()
+        order = sorted(range(len(jobs)), key=lambda j: jobs[j].method.speculative)   # ar first: others compare to it
+        summaries = [None] * len(jobs)
+        for j in order:
+            summaries[j] = jobs[j].summarize()
+            loggers[j].log_summary(summaries[j])
+    finally:
+        for j, lg in zip(jobs, loggers):
+            j.writer.close()
+            lg.close()
+    for j, s in zip(jobs, summaries):
+        log.info("%s: %s", j.label, {k: s["totals"][k] for k in ("tokens_per_s", "tau", "n_relaxed")})
+    return summaries
+
+
+CHUNK_BATCHES = 4   # interleaved and batched: each method decodes 4 x batch_size samples in turn
+
+
+def _batch_size(cfg) -> int:
+    return int(cfg.get("batch_size", 1) or 1)
+
+
+def _interleave_batched(ctx, jobs, samples, loggers, bar, batch_size: int) -> None:
+    """Interleaving at batch size B: chunks of CHUNK_BATCHES * B samples, each decoded (batched, refilled)
+    by every compared method in turn, the order rotated per chunk."""
+    chunk = CHUNK_BATCHES * batch_size
+    indexed = list(enumerate(samples))
+    for c, start in enumerate(range(0, len(indexed), chunk)):
+        part = indexed[start:start + chunk]
+        for n in range(len(jobs)):
+            j = (c + n) % len(jobs)
+            todo = [(i, s) for i, s in part if s.id in jobs[j].todo]
+            if todo:
+                ctx.decode_batched(jobs[j], todo, lambda sample, rec, j=j: (_write(jobs[j], sample, rec, loggers[j]),
+                                                                            bar.update(1)), order=n,
+                                   source=jobs[j].writer.claimed(todo))
+
+
+def _write(job: Job, sample, record: dict, logger) -> None:
+    job.writer.write(record)
+    job.todo.discard(sample.id)
+    logger.log_sample(record)
+
+
+class Models:
+    """The model pair (and EAGLE-3 head), loaded once for every method of a run."""
+
+    def __init__(self, cfg, methods):
+        from .models import fastpath
+        from .models.pairs import load_pair
+
+        self.pair = load_pair(cfg.model, need_draft=any(m.name in C.DRAFT_MODEL for m in methods))
+        self.eagle3 = None
+        if any(m.name == "eagle3" for m in methods):
+            from .decode.drafters.eagle3 import load_eagle3_drafter
+
+            self.eagle3 = load_eagle3_drafter(cfg.model.eagle3, self.pair.target)
+        self.kernel = fastpath.kind(self.pair.target.model)   # recorded: which linear kernel the target ran on
+        gen_cfg = getattr(self.pair.target.model, "generation_config", None)
+        self.eos = sorted(i for i in {self.pair.tokenizer.eos_token_id} | set(_as_list(getattr(gen_cfg, "eos_token_id", None)))
+                          if i is not None)
+        self._wrote = set()
+
+    def decode(self, job: Job, sample, index: int, order: int = 0) -> dict:
+        """One sample (all its turns) with the job's method; returns its record."""
+        from .tasks import build_messages
+
+        cfg, task, tok = job.cfg, job.task, self.pair.tokenizer
+        if job.run_dir not in self._wrote:
+            atomic_write_text(job.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+            self._wrote.add(job.run_dir)
+        dcfg = C.decode_config(cfg, job.max_new, self.eos, task.stop_strings)
+        draft = self.eagle3 if job.method.name == "eagle3" else self.pair.draft
+        outputs, turns = [], []
+        for t in range(len(sample.turns)):
+            ids = tok.apply_chat_template(build_messages(task, sample, outputs, t), add_generation_prompt=True,
+                                          return_dict=False)
+            res = generate(self.pair.target, draft, tok, ids, job.method, dcfg,
+                           seed=cfg.seed * 1_000_003 + index + 100_003 * t)
+            outputs.append(tok.decode(res.tokens, skip_special_tokens=True))
+            turns.append(_turn_record(res, ids, outputs[-1]))
+        return _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order)
+
+    def decode_batched(self, job: Job, todo: list, write, order: int = 0, source=None) -> None:
+        """Samples ``todo`` ([(index, sample)]) with the job's method at ``batch_size`` rows (decode.batch):
+        a sample's turns run in sequence in its slot, seeded as ``decode`` seeds them; ``write(sample,
+        record)`` is called as each sample finishes, in finish order. ``source``: an iterable over (a part
+        of) ``todo`` read lazily, one pair as a slot frees (default: ``todo``); the memory check uses all
+        of ``todo``."""
+        from .decode.batch import Request, check_memory, generate_batch
+        from .tasks import build_messages
+
+        cfg, task, tok, bsz = job.cfg, job.task, self.pair.tokenizer, _batch_size(job.cfg)
+        dcfg = C.decode_config(cfg, job.max_new, self.eos, task.stop_strings)
+        state = {}      # sample id -> (outputs, turn records)
+
+        def request(sample, index, t):
+            state.setdefault(sample.id, ([], []))
+            ids = tok.apply_chat_template(build_messages(task, sample, state[sample.id][0], t),
+                                          add_generation_prompt=True, return_dict=False)
+            return Request(ids, seed=cfg.seed * 1_000_003 + index + 100_003 * t, key=(sample, index, t))
+
+        def on_done(req, res):
+            sample, index, t = req.key
+            outputs, turns = state[sample.id]
+            outputs.append(tok.decode(res.tokens, skip_special_tokens=True))
+            turns.append({**_turn_record(res, req.prompt, outputs[-1]), "span_s": res.span_s})
+            if t + 1 < len(sample.turns):
+                return request(sample, index, t + 1)
+            write(sample, _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order))
+            del state[sample.id]
+            return None
+
+        longest = max(len(request(s, i, 0).prompt) for i, s in todo)
+        state.clear()
+        turns = max(len(s.turns) for _, s in todo)
+        try:   # a conservative bound: later turns hold earlier prompts and outputs
+            check_memory([self.pair.target, self.pair.draft if job.method.speculative else None], bsz,
+                         turns * (longest + job.max_new + job.method.k + 1), job.method.k + 1)
+        except ValueError as e:
+            raise C.ConfigError(str(e)) from None
+        atomic_write_text(job.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        queue = (request(s, i, 0) for i, s in (todo if source is None else source))
+        generate_batch(self.pair.target, self.pair.draft, tok, queue, job.method, dcfg, bsz, on_done)
+
+
+def _as_list(x):
+    return [] if x is None else (list(x) if isinstance(x, (list, tuple)) else [x])
+
+
+def _progress(items, label, enabled, total=None):
+    if not enabled:
+        if items is not None:
+            return items
+
+        class _Null:
+            def update(self, n): pass
+            def close(self): pass
+        return _Null()
+    from tqdm import tqdm
+
+    return tqdm(items, desc=label, unit="sample" if items is not None else "decode", dynamic_ncols=True, total=total)
+
+
+def _turn_record(res, prompt_ids, text) -> dict:
+    return {"prompt_tokens": len(prompt_ids), "new_tokens": len(res.tokens), "steps": res.steps,
+            "tau": res.tau, "stop_reason": res.stop_reason, "prefill_s": res.prefill_s,
+            "wall_s": res.wall_s, "target_s": res.target_s, "draft_s": res.draft_s,
+            "proposed": res.proposed, "accepted": res.accepted, "relaxed": res.relaxed,
+            "z1": [round(x, 4) for x in res.z1], "z2": [round(x, 4) for x in res.z2],
+            "outcome": res.outcome, "output_ids": res.tokens, "output_text": text,
+            "depth_proposed": res.depth_proposed or None}
+
+
+def _sample_record(job: Job, sample, index, turns, score, fast_kernel: str, order: int) -> dict:
+    cfg, tag = job.cfg, job.tag
+    s = lambda key: sum(t[key] for t in turns)  # noqa: E731
+    n_acc = sum(sum(t["accepted"]) for t in turns)
+    lenient = [e for t in turns for e in t["relaxed"]]
+    by_clause = {}
+    for e in lenient:
+        by_clause[e["clause"]] = by_clause.get(e["clause"], 0) + 1
+    return {"id": sample.id, "index": index, "task": job.task.name, "task_version": job.task.version,
+            "model": cfg.model.name, "method": tag.head, "scheme": tag.scheme, "rule": tag.rule,
+            "rule_settings": tag.settings, "k": cfg.method.k, "p_min": job.method.p_min,
+            "draft_quant": C.draft_quant_of(cfg), "fast_kernel": fast_kernel,
+            "theta": tag.settings.get("theta"), "temperature": cfg.temperature, "seed": cfg.seed,
+            "timing": "interleaved" if job.interleaved else "sequential",
+            "order": order, "new_tokens": s("new_tokens"), "steps": s("steps"),
+            "tau": s("new_tokens") / s("steps") if s("steps") else 0.0,
+            "n_proposed": sum(sum(t["proposed"]) for t in turns), "n_accepted": n_acc,
+            "n_exact": n_acc - len(lenient), "n_relaxed": len(lenient), "n_by_clause": by_clause,
+            "prefill_s": s("prefill_s"), "wall_s": s("wall_s"), "target_s": s("target_s"),
+            "draft_s": s("draft_s"), "score": score, "batch_size": _batch_size(cfg), "turns": turns}
