@@ -203,7 +203,7 @@ class Models:
 
     def __init__(self, cfg, methods):
         from .models import fastpath
-        from .models.pairs import load_pair
+        from .models.pairs import eos_ids, load_pair
 
         self.pair = load_pair(cfg.model, need_draft=any(m.name in C.DRAFT_MODEL for m in methods))
         self.eagle3 = None
@@ -212,9 +212,7 @@ class Models:
 
             self.eagle3 = load_eagle3_drafter(cfg.model.eagle3, self.pair.target)
         self.kernel = fastpath.kind(self.pair.target.model)   # recorded: which linear kernel the target ran on
-        gen_cfg = getattr(self.pair.target.model, "generation_config", None)
-        self.eos = sorted(i for i in {self.pair.tokenizer.eos_token_id} | set(_as_list(getattr(gen_cfg, "eos_token_id", None)))
-                          if i is not None)
+        self.eos = eos_ids(self.pair.target.model, self.pair.tokenizer)
         self._wrote = set()
 
     def decode(self, job: Job, sample, index: int, order: int = 0) -> dict:
@@ -278,10 +276,6 @@ class Models:
         atomic_write_text(job.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         queue = (request(s, i, 0) for i, s in (todo if source is None else source))
         generate_batch(self.pair.target, self.pair.draft, tok, queue, job.method, dcfg, bsz, on_done)
-
-
-def _as_list(x):
-    return [] if x is None else (list(x) if isinstance(x, (list, tuple)) else [x])
 
 
 def _progress(items, label, enabled, total=None):

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from mars_bench.decode import DecodeConfig, Method, generate  # noqa: E402
 from mars_bench.models import fastpath, llamacpp, panel  # noqa: E402
+from mars_bench.models.pairs import eos_ids  # noqa: E402
 from mars_bench.records import SPEEDUP_DEFINITION, TAU_DEFINITION  # noqa: E402
 
 BASE = "ar (fp32 panel)"              # the row every ratio is taken to
@@ -270,8 +271,7 @@ def main():
     pair16 = load("bf16")[0] if bf16 else None
     draft32 = fp32_draft(pair) if quant != "none" and args.fp32_draft else None
     tok = pair.tokenizer
-    gen_eos = pair.target.model.generation_config.eos_token_id
-    eos = sorted({tok.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) - {None})
+    eos = eos_ids(pair.target.model, tok)
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_ids=tuple(eos))
     items = prompts(tok, args.prompts, data_dir)
     fast = fast_available()

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from mars_bench.decode import DecodeConfig, Method  # noqa: E402
 from mars_bench.decode.batch import Request, generate_batch  # noqa: E402
+from mars_bench.models.pairs import eos_ids  # noqa: E402
 from mars_bench.records import TAU_DEFINITION  # noqa: E402
 
 GOAL = 1.8          # sd at its best B over sd at B = 1 (issue 12)
@@ -101,8 +102,7 @@ def main():
     torch.set_num_threads(args.threads)
     data_dir = os.environ.get("MARS_BENCH_DATA_DIR")   # None: the tasks' own lookup (tasks/data.py)
     target, draft, tok, kernel = load(args.tiny, args.model)
-    gen_eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
-    eos = sorted(({tok.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos])) - {None})
+    eos = eos_ids(target.model, tok)
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_ids=tuple(eos))
     items = prompts(tok, args.prompts, data_dir, args.tiny)
     methods = {"ar": Method("ar"), "sd": Method("sd", k=args.k),

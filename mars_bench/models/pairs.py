@@ -121,3 +121,10 @@ def _fast_path_on(mcfg, device: torch.device) -> bool:
     if mcfg.fast_path in ("on", "mkl"):
         return True
     return mcfg.fast_path == "auto" and device.type == "cpu" and mcfg.source != "tiny"
+
+
+def eos_ids(target_model, tokenizer) -> list[int]:
+    """The ids that end generation: the tokenizer's EOS and every EOS of the target's generation config."""
+    gen = getattr(getattr(target_model, "generation_config", None), "eos_token_id", None)
+    ids = {tokenizer.eos_token_id} | set(gen if isinstance(gen, (list, tuple)) else [gen])
+    return sorted(i for i in ids if i is not None)
