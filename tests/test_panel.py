@@ -43,6 +43,23 @@ def test_panel_layer_uses_the_kernel_only_when_on_and_small():
 
 
 @needs_kernel
+def test_a_batch_announcing_more_rows_keeps_each_row_bit_identical():
+    """Batched decoding announces B x (k + 1) rows (40 at B = 8, k = 4): the kernel then takes the whole
+    call, and each row's output is the same, bit for bit, as in a call of that row alone."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(1536, 256)
+    pl = panel.PanelLinear(lin)
+    pl.pack(40)
+    x = torch.randn(40, 1536)
+    y = pl(x)
+    assert not torch.equal(y, lin(x))          # the kernel, not F.linear, computed the 40-row call
+    for i in (0, 13, 39):
+        assert torch.equal(y[i], pl(x[i:i + 1])[0])
+    big = torch.randn(41, 1536)
+    assert torch.equal(pl(big), lin(big))      # more than announced (a prefill): F.linear
+
+
+@needs_kernel
 def test_fast_path_greedy_outputs_equal_plain_path(prompt_ids):
     target, draft, tok = tiny_pair()
     plain_t = CausalLMAdapter(target)

@@ -168,7 +168,7 @@ class PanelLinear(nn.Module):
         """``amx``: bf16 weights only; None = AMX tiles where available, False = the AVX512_BF16 kernel."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.on = False
+        self.on, self.rows = False, 0
         w = linear.weight.detach().contiguous()
         lib, threads = library(), torch.get_num_threads()
         self.bf16, self.amx = w.dtype == torch.bfloat16, False
@@ -192,7 +192,7 @@ class PanelLinear(nn.Module):
             self._run = lib.panel_linear
 
     def pack(self, rows: int | None) -> None:
-        self.on = rows is not None
+        self.on, self.rows = rows is not None, rows or 0   # a batch announces B x (k + 1) rows
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
@@ -207,7 +207,7 @@ class PanelLinear(nn.Module):
         if self.bf16:
             if grad:
                 raise RuntimeError("PanelLinear with bf16 weights is inference-only (the kernel has no backward)")
-        elif not (self.on and flat.shape[0] <= MAX_ROWS and flat.dtype == torch.float32 and not grad):
+        elif not (self.on and flat.shape[0] <= max(MAX_ROWS, self.rows) and flat.dtype == torch.float32 and not grad):
             return F.linear(x, self.weight, self.bias)
         flat = flat.float().contiguous()
         y = torch.empty(flat.shape[0], self.n_pad)
