@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from mars_bench import config as C
-from mars_bench import run as R
+from mars_bench import runner as R
 
 from .conftest import ROOT, data_dir
 
