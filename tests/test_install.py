@@ -12,9 +12,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_non_editable_install_runs_the_tiny_pair(tmp_path):
-    site = tmp_path / "site"
+    import shutil
+
+    src, site = tmp_path / "src", tmp_path / "site"   # a copy: the build leaves nothing in the checkout
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "results", "build", "*.egg-info", "__pycache__", ".pytest_cache", "wandb"))
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                          "--target", str(site), str(ROOT)], capture_output=True, text=True, timeout=600)
+                          "--target", str(site), str(src)], capture_output=True, text=True, timeout=600)
     assert pip.returncode == 0, pip.stderr
     assert (site / "mars_bench" / "conf" / "config.yaml").is_file()
     assert (site / "mars_bench" / "tasks" / "specs" / "prompts" / "task.yaml").is_file()
