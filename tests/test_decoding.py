@@ -31,6 +31,32 @@ def test_greedy_sd_and_mars_theta1_match_hf_generate(tiny, prompt_ids, hf_refere
     assert rejected > 0   # the draft really disagrees sometimes: the reject path ran
 
 
+@pytest.mark.parametrize("p_min", [0.3, 0.75])
+def test_adaptive_draft_length_is_lossless_and_stops_early(tiny, prompt_ids, hf_reference, p_min):
+    """method.p_min: the draft stops proposing once its top-1 probability < p_min (within k). Greedy sd
+    stays token-identical to HF generate, and some steps really propose fewer than k drafts."""
+    target, draft, tok = tiny
+    cfg = DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,))
+    short = full = 0
+    for ids, ref in zip(prompt_ids, hf_reference):
+        res = generate(target, draft, tok, ids, Method("sd", k=6, p_min=p_min), cfg)
+        assert res.tokens == ref
+        budget = [min(6, MAX_NEW - n - 1) for n in _emitted_before(res)]
+        short += sum(p < b for p, b in zip(res.proposed, budget))
+        full += sum(p == b for p, b in zip(res.proposed, budget))
+        assert all(1 <= p <= b for p, b in zip(res.proposed, budget) if b >= 1)
+    assert short > 0 and full > 0
+
+
+def _emitted_before(res) -> list[int]:
+    """Tokens emitted before each step (accepted drafts + 1 per step)."""
+    out, n = [], 0
+    for a in res.accepted:
+        out.append(n)
+        n += a + 1
+    return out
+
+
 def test_ar_matches_hf_generate(tiny, prompt_ids, hf_reference):
     target, draft, tok = tiny
     cfg = DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,))
