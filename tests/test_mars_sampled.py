@@ -43,7 +43,7 @@ def test_top1_accepted_only_by_sampled_top1_always_is_lenient_and_counted():
     assert not rules.mars(one(0), Z[None], P[None], Q[None], u, theta=0.95, sampled_top1="margin").accept.item()
     # the chain audit records it as a lenient acceptance (what n_relaxed counts)
     res = DecodeResult()
-    cv = rules.ChainVerdict(1, 2, ["top1"], [3.0], [2.0], [0], [1], "mars")
+    cv = rules.ChainVerdict(2, ["top1"], [3.0], [2.0], [0], [1], "mars", n_accepted=1)
     record_verdict(res, cv, 0, [0, 2], False)
     assert res.outcome == "R" and [e["clause"] for e in res.relaxed] == ["top1"]
 

@@ -208,9 +208,9 @@ def in_support(draft: torch.Tensor, p_target: torch.Tensor | None) -> torch.Tens
 
 
 @dataclass
-class ChainVerdict:
-    n_accepted: int          # length of the accepted draft prefix, 0..k
-    next_token: int          # correction (on rejection) or bonus (all k accepted) token
+class PathVerdict:
+    """What the audit records of one step's accepted path (chain or tree; ``chain.record_verdict``)."""
+    next_token: int          # correction (on rejection) or bonus (all accepted) token
     clause: list[str | None]  # per accepted position: the lenient clause that accepted it, or None
     z1: list[float]          # per verified position (accepted ones + the first rejected one)
     z2: list[float]
@@ -221,6 +221,11 @@ class ChainVerdict:
     @property
     def relaxed(self) -> list[bool]:
         return [c is not None for c in self.clause]
+
+
+@dataclass
+class ChainVerdict(PathVerdict):
+    n_accepted: int = 0      # length of the accepted draft prefix, 0..k
 
 
 def verify_chain(rule: Rule, draft: torch.Tensor, logits: torch.Tensor, q_draft: torch.Tensor | None,
@@ -252,4 +257,4 @@ def verify_chain(rule: Rule, draft: torch.Tensor, logits: torch.Tensor, q_draft:
         nxt = int(sampling.sample(p_target[n], generator))
     m = min(n + 1, k)
     z1, z2, t1, t2 = top2(logits[:m])
-    return ChainVerdict(n, nxt, clause, z1.tolist(), z2.tolist(), t1.tolist(), t2.tolist(), rule.name)
+    return ChainVerdict(nxt, clause, z1.tolist(), z2.tolist(), t1.tolist(), t2.tolist(), rule.name, n_accepted=n)

@@ -40,30 +40,19 @@ Sampled (temperature > 0), ``verify_sampled``: multi-draft recursive rejection s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .. import sampling
-from ..rules import top2
+from ..rules.base import PathVerdict, top2
 from .build import DraftTree
 
 
 @dataclass
-class TreeVerdict:
-    path: list[int]            # accepted nodes, depth 1..m (root excluded)
-    next_token: int            # correction / bonus token after the path
-    clause: list               # per path node: the rule's lenient clause that accepted it, or None
-    rejected_end: bool         # the path's end node had children and every one was rejected
-    z1: list[float]            # per verified position: the path nodes (+ the rejected end)
-    z2: list[float]
-    top1: list[int]
-    top2: list[int]
-    rule: str = "exact"
-
-    @property
-    def relaxed(self) -> list[bool]:
-        return [c is not None for c in self.clause]
+class TreeVerdict(PathVerdict):
+    path: list[int] = field(default_factory=list)   # accepted nodes, depth 1..m (root excluded)
+    rejected_end: bool = False   # the path's end node had children and every one was rejected
 
 
 def verify_greedy(rule, tree: DraftTree, z: torch.Tensor, **rule_kwargs) -> TreeVerdict:
@@ -119,4 +108,4 @@ def _verdict(rule, tree: DraftTree, z: torch.Tensor, path: list[int], clause: li
         z1, z2, t1, t2 = (x.tolist() for x in top2(z[torch.tensor(rows, device=z.device)]))
     else:
         z1 = z2 = t1 = t2 = []
-    return TreeVerdict(path, nxt, clause, rejected_end, z1, z2, t1, t2, rule.name)
+    return TreeVerdict(nxt, clause, z1, z2, t1, t2, rule.name, path=path, rejected_end=rejected_end)
