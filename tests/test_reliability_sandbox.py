@@ -71,9 +71,15 @@ def check_fresh_temp_cwd(b):
 
 
 def check_readonly_root_fs(b):
-    targets = [f"/var/tmp/mars-ro-{uuid.uuid4().hex}", str(Path(__file__).parent / f"mars-ro-{uuid.uuid4().hex}")]
+    repo = str(Path(__file__).parent / f"mars-ro-{uuid.uuid4().hex}")
+    targets = [f"/var/tmp/mars-ro-{uuid.uuid4().hex}", f"/etc/mars-ro-{uuid.uuid4().hex}", repo]
+    # a checkout under /tmp sits inside the sandbox's private /tmp: writable there, never on the host
+    in_private_tmp = repo.startswith(("/tmp/", "/dev/shm/"))
     try:
         for t in targets:
+            if t == repo and in_private_tmp:
+                _run(b, f"open({t!r}, 'w').write('x')")
+                continue
             r = _attack_fails(b, f"open({t!r}, 'w').write('x')")
             assert "Read-only file system" in r.stderr
         assert not any(os.path.exists(t) for t in targets)
