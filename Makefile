@@ -34,7 +34,7 @@ demo: $(STAMP)
 # The CPU study (mars_bench/conf/experiment/cpu_reproduction.yaml): WMT19 and GSM8K prefixes, ar / sd /
 # mars at five thetas, interleaved, <= 60 min on 2 cores; rerun resumes.
 reproduce: $(STAMP)
-	$(BIN)/mars-bench +experiment=cpu_reproduction task=wmt19_zh_en limit=24
+	$(BIN)/mars-bench +experiment=cpu_reproduction task=wmt19_zh_en limit=48
 	$(BIN)/mars-bench +experiment=cpu_reproduction task=gsm8k limit=2
 	$(BIN)/mars-bench-report results
 

@@ -18,6 +18,9 @@ from .decode.types import CHAIN, DEFAULT_K, DRAFT_MODEL, METHOD_NAMES, TREE, Dec
 SOURCES = ("tiny", "embedded", "hf")
 DEVICES = ("cpu", "cuda", "auto")
 DRAFT_QUANT = ("none", "int8")
+# What records and run tags call a draft quantization: int8 runs per-row activation scales
+# (models/fastpath.Int8Linear), recorded as int8row; tag "draftint8" marks older per-call-scale runs.
+DRAFT_QUANT_SCHEME = {"none": "none", "int8": "int8row"}
 RULE_ALIASES = ("theta", "nonpositive_top1", "sampled_top1")   # method.<x> = rule.<x>, the releases before the rule axis
 
 
@@ -225,7 +228,7 @@ def rule_settings(cfg: Any, rule_name: str) -> dict:
 
 def draft_quant_of(cfg: Any) -> Optional[str]:
     """The draft's quantization for methods with a separate draft model; None for the others."""
-    return cfg.model.draft_quant if method_of(cfg).name in DRAFT_MODEL else None
+    return DRAFT_QUANT_SCHEME[cfg.model.draft_quant] if method_of(cfg).name in DRAFT_MODEL else None
 
 
 def tree_knobs(m: Any) -> dict:

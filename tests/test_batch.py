@@ -236,3 +236,21 @@ def test_one_token_prompts_start_an_empty_cache(tiny):
     for name in ("ar", "sd"):
         got = run_batch(tiny, short, METHODS[name](3), cfg, 3)
         assert [got[i].tokens for i in range(4)] == batch1(tiny, short, name, 3, cfg)
+
+
+def test_int8_draft_batch_equals_batch1(tiny, prompts):
+    """The embedded default's int8 draft (per-row activation scales): mars at B = 4 proposes, so
+    commits, exactly what it does at B = 1; with per-call scales some rows changed (issue 12)."""
+    from mars_bench.models import fastpath
+    from mars_bench.models.adapter import CausalLMAdapter
+    from mars_bench.models.tiny import tiny_pair
+
+    target, _, tok = tiny
+    draft = CausalLMAdapter(fastpath.quantize_int8(tiny_pair()[1]), out_vocab=target.vocab)
+    pair = (target, draft, tok)
+    cfg = DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,))
+    method = METHODS["mars"](4)
+    got = run_batch(pair, prompts, method, cfg, 4)
+    ref = [generate(target, draft, tok, ids, method, cfg).tokens for ids in prompts]
+    assert [got[i].tokens for i in range(len(prompts))] == ref
+    assert sum(len(r.relaxed) for r in got.values()) > 0

@@ -21,6 +21,25 @@ def test_int8_linear_is_close_to_the_float_layer():
     assert 1e-6 < rel < 0.02, rel   # quantized (not bit-equal), yet close
 
 
+def test_int8_rows_do_not_depend_on_the_other_rows_of_the_call():
+    """Per-row activation scales: a row's output is bit-identical alone and beside rows of any scale or
+    sign (issue 12: a batched draft proposes what it proposes at batch size 1)."""
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(192, 700)
+    for full in (True, False):
+        q = fastpath.Int8Linear(lin, full_range=full)
+        x = torch.randn(9, 192)
+        x[1] *= 40.0                 # a large row
+        x[2] = x[2].abs() * 1e-3     # a small, one-signed row
+        x[3] = -x[3].abs()
+        alone = torch.cat([q(x[i:i + 1]) for i in range(9)])
+        assert torch.equal(q(x), alone)
+        assert torch.equal(q(x[[4, 1, 4]])[0], alone[4])
+        assert torch.equal(q(x.view(3, 3, 192)).view(9, 700), alone)
+        rel = (alone - lin(x)).norm(dim=1) / lin(x).norm(dim=1)
+        assert (rel < 0.03).all() and (rel > 1e-6).all(), rel
+
+
 def test_quantized_draft_keeps_sd_lossless(prompt_ids, hf_reference):
     target, draft, tok = tiny_pair()
     t = CausalLMAdapter(target)
@@ -59,7 +78,7 @@ def test_draft_quant_config_and_results_path(tmp_path):
     cfg.model.device = "cpu"
     C.validate(cfg)
     cfg.method.name = "sd"
-    assert run_tag(cfg, 16).endswith("-draftint8-T0-p1-n16-s0")
+    assert run_tag(cfg, 16).endswith("-draftint8row-T0-p1-n16-s0")   # per-row scales; "draftint8" = older per-call
     cfg.method.name = "ar"
     assert "draft" not in run_tag(cfg, 16)   # ar has no draft: its baseline is shared
 
