@@ -36,6 +36,7 @@ from mars_bench.records import SPEEDUP_DEFINITION, TAU_DEFINITION  # noqa: E402
 
 BASE = "ar (fp32 panel)"              # the row every ratio is taken to
 RSS_GOAL_GB = 15.4 / 2                # issue 14: half of make run's 15.4 GB peak before the bf16 path
+P_MIN = 0.75                          # adaptive draft rows: llama.cpp server's default p_min
 
 
 def fast_available() -> bool:
@@ -183,6 +184,40 @@ def forward_costs(paths: dict, ns, ctx=200, reps=3, rounds=2):
     return out
 
 
+def linear_bytes(model) -> int:
+    """Bytes of weights the linear layers of ``model`` read in one forward (panels where packed)."""
+    total = 0
+    for m in model.modules():
+        if isinstance(m, panel.PanelLinear):
+            total += m.panels.numel() * m.panels.element_size()
+        elif isinstance(m, torch.nn.Linear):
+            total += m.weight.numel() * m.weight.element_size()
+    return total
+
+
+def stream_rates(paths: dict, costs: dict, reps=5) -> dict:
+    """Why forward(1) costs what it costs: a 1-token forward is weight streaming, so GB/s = linear weight
+    bytes / forward(1) per path, beside torch's own GEMV (oneDNN/MKL) of an LM-head-sized matrix
+    (151,936 x 1536) in fp32 and bf16: the rate this machine streams each dtype at, outside our kernels."""
+    out = {}
+    for name, p in paths.items():
+        if isinstance(p, tuple):
+            gb = linear_bytes(p[0].model) / 1e9
+            out[name] = {"weight_gb": gb, "gb_per_s": gb / (costs[name][1] / 1000)}
+    for dt, label in ((torch.float32, "torch GEMV fp32"), (torch.bfloat16, "torch GEMV bf16")):
+        w = torch.randn(151936, 1536).to(dt)
+        x = torch.randn(1, 1536, dtype=dt)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            x @ w.T
+            best = min(best, time.perf_counter() - t0)
+        gb = w.numel() * w.element_size() / 1e9
+        out[label] = {"weight_gb": gb, "gb_per_s": gb / best}
+        del w
+    return out
+
+
 def rss_probe(dtype: str, max_new_tokens: int, data_dir: str) -> dict:
     """In this (fresh) process: load the pair of ``dtype`` as `make run` does (``llamacpp``: the two GGUF
     files), decode one prompt with ar, sd and mars; peak RSS (VmHWM) after loading and after each."""
@@ -290,6 +325,7 @@ def main():
     if runner is not None:
         paths["llama.cpp Q4_K_M"] = runner
     costs = forward_costs(paths, [int(n) for n in args.cost_n.split(",")], rounds=args.cost_rounds)
+    rates = stream_rates(paths, costs)
 
     new = pair16 or pair             # the pair whose k is swept: the new default where it runs
     tag = "bf16" if pair16 is not None else "fp32 panel"
@@ -329,6 +365,11 @@ def main():
         rows[f"sd k={best['sd']} (bf16{dq})"] = ours(pair16, Method("sd", k=best["sd"]), fast, cfg)
         rows[f"mars k={best['mars']} theta=1 (bf16{dq})"] = ours(pair16, mars(best["mars"], 1.0), fast, cfg)
         rows[f"mars k={best['mars']} theta=0.9 (bf16{dq})"] = ours(pair16, mars(best["mars"]), fast, cfg)
+    # adaptive draft length (method.p_min, llama.cpp's default 0.75): k is the longest chain a step may draft
+    k_max = max(ks)
+    rows[f"sd k<={k_max} p_min={P_MIN} ({tag}{dq})"] = ours(new, Method("sd", k=k_max, p_min=P_MIN), fast, cfg)
+    rows[f"mars k<={k_max} p_min={P_MIN} theta=0.9 ({tag}{dq})"] = ours(
+        new, Method("mars", k=k_max, rule="mars", rule_kwargs={"theta": 0.9}, p_min=P_MIN), fast, cfg)
     if shapes:
         d, w, t = best["tree"]
         rows[f"sd_tree d{d} w{w} t{t} ({tag}{dq})"] = ours(new, Method("sd_tree", rule="exact", tree=tree(d, w, t)),
@@ -360,7 +401,7 @@ def main():
     kernels = {"fp32": fastpath.kind(pair.target.model)}
     if pair16 is not None:
         kernels["bf16"] = fastpath.kind(pair16.target.model)
-    write(args, table, sweep, costs, best, len(items), goals, quant, kernels, rss, why_no_llama)
+    write(args, table, sweep, costs, best, len(items), goals, quant, kernels, rss, why_no_llama, rates)
 
 
 def check_goals(table, costs, rss, n_prompts):
@@ -383,6 +424,10 @@ def check_goals(table, costs, rss, n_prompts):
         peak = max(v for k, v in rss["bf16"].items() if isinstance(v, float))
         out.append((f"peak RSS of the bf16 default (load + ar, sd, mars) <= {RSS_GOAL_GB:.1f} GB", peak,
                     peak <= RSS_GOAL_GB))
+    for n in [n for n in table if n.startswith("sd k<=")]:   # adaptive draft length stays lossless
+        same = table[n]["identical_to_ar_same_precision"]
+        out.append((f"{n}: prompts with greedy tokens identical to ar, same precision, of {n_prompts}", same,
+                    same == n_prompts))
     f = costs["fp32 panel"]
     out.append(("fp32 panel: target forward(8) / forward(1) <= 1.3", f[8] / f[1], f[8] / f[1] <= 1.3))
     sd, mars = find("sd k=", "fp32 panel"), find("mars k=", "fp32 panel")
@@ -401,7 +446,7 @@ def check_goals(table, costs, rss, n_prompts):
     return out
 
 
-def write(args, table, sweep, costs, best, n_prompts, goals, quant, kernels, rss, why_no_llama):
+def write(args, table, sweep, costs, best, n_prompts, goals, quant, kernels, rss, why_no_llama, rates=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
@@ -439,6 +484,11 @@ def write(args, table, sweep, costs, best, n_prompts, goals, quant, kernels, rss
               "| n | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for n in costs[names[0]]:
         lines.append(f"| {n} | " + " | ".join(f"{costs[p][n]:.0f} ({costs[p][n] / costs[p][1]:.2f})" for p in names) + " |")
+    if rates:
+        lines += ["", "Weight streaming (a 1-token forward reads every linear weight once): GB read / forward(1), and "
+                  "torch's own GEMV of a 151,936 x 1536 matrix per dtype, best of 5:", "",
+                  "| path | weights read, GB | GB/s |", "|---|---|---|"]
+        lines += [f"| {n} | {r['weight_gb']:.2f} | {r['gb_per_s']:.1f} |" for n, r in rates.items()]
     md = "\n".join(lines) + "\n"
     (out / "bench.md").write_text(md)
     with open(out / "bench.csv", "w", newline="") as fh:
@@ -450,7 +500,7 @@ def write(args, table, sweep, costs, best, n_prompts, goals, quant, kernels, rss
                         r["outside_forward_share"], r["identical_to_hf_generate"], r["identical_to_ar_same_precision"]])
     (out / "bench.json").write_text(json.dumps({"table": table, "sweep": sweep, "forward_ms": costs, "goals": goals,
                                                 "best_k": best, "fast_kernel": kernels, "peak_rss_gb": rss,
-                                                "llama_cpp_skipped": why_no_llama,
+                                                "llama_cpp_skipped": why_no_llama, "weight_streaming": rates,
                                                 "args": {**vars(args), "out": os.path.relpath(out, ROOT)}},
                                                indent=2))
     plot(out, table)

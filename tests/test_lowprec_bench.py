@@ -51,6 +51,11 @@ def test_issue14_goals_follow_the_numbers():
     assert not g["bf16: target forward(1) >= 1.8x faster than the fp32 panel path"][1]
     assert not g["bf16: target forward(8) / forward(1) <= 1.2"][1]
     assert g[sd] == (1, False)
+    adaptive = "sd k<=10 p_min=0.75 (bf16, int8 draft)"
+    for same, ok in ((2, True), (1, False)):   # adaptive draft length must stay lossless
+        table[adaptive] = row(11.0, 4.0, "bf16", same)
+        g = goals_by_name(bench.check_goals(table, costs, rss, 2))
+        assert g[f"{adaptive}: prompts with greedy tokens identical to ar, same precision, of 2"] == (same, ok)
 
 
 def test_tables_name_precision_kernels_memory_and_skipped_rows(tmp_path):
@@ -58,12 +63,15 @@ def test_tables_name_precision_kernels_memory_and_skipped_rows(tmp_path):
     goals = bench.check_goals(table, costs, rss, 2)
     args = Namespace(out=str(tmp_path), max_new_tokens=32, sweep_prompts=1)
     bench.write(args, table, {"ar (bf16)": row(7.5)}, costs, {"sd": 5, "mars": 6}, 2, goals, "int8",
-                {"fp32": "panel-avx512", "bf16": "panel-amx-bf16"}, rss, None)
+                {"fp32": "panel-avx512", "bf16": "panel-amx-bf16"}, rss, None,
+                {"bf16": {"weight_gb": 3.09, "gb_per_s": 18.6}, "torch GEMV bf16": {"weight_gb": 0.47, "gb_per_s": 20.1}})
     md = (tmp_path / "bench.md").read_text()
+    assert "| bf16 | 3.09 | 18.6 |" in md and "| torch GEMV bf16 | 0.47 | 20.1 |" in md
     assert "bf16 target: panel-amx-bf16" in md and "| llama.cpp ar (Q4_K_M) | Q4_K_M" in md
     assert "| n | fp32 plain | fp32 panel | bf16 | llama.cpp Q4_K_M |" in md and "| 8 | 700 (2.80) |" in md
     assert "| bf16 | panel-amx-bf16 | 4.80 | 5.00 | 6.10 | 6.10 |" in md
     assert "the llamacpp probe failed" in md
     saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["weight_streaming"]["bf16"]["gb_per_s"] == 18.6
     assert saved["peak_rss_gb"]["bf16"]["load"] == 4.8 and saved["fast_kernel"]["bf16"] == "panel-amx-bf16"
     assert (tmp_path / "bench.csv").read_text().count("\n") == len(table) + 1 and (tmp_path / "bench.png").exists()

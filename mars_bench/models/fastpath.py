@@ -73,7 +73,8 @@ class PackedLinear(nn.Module):
 
 def enable_fast_path(model: nn.Module, kernel: str = "auto") -> nn.Module:
     """Swap every fp32 ``nn.Linear`` (LM head included) for a ``PanelLinear`` or, where the panel kernel
-    is unavailable (``kernel="mkl"`` forces this), a ``PackedLinear``; a no-op without either.
+    is unavailable (``kernel="mkl"`` forces this), a ``PackedLinear``; a no-op without either. Attention
+    runs row-wise (``attention.py``): a query row's output does not depend on the rows beside it.
 
     A bf16 model (loaded with ``dtype=bf16``) keeps its linear weights in bf16 panels (AMX tiles, else
     AVX512_BF16) and runs everything else in fp32: norms, rotary, attention, residual stream and the
@@ -88,6 +89,10 @@ def enable_fast_path(model: nn.Module, kernel: str = "auto") -> nn.Module:
             why = "model.fast_path=mkl" if kernel == "mkl" else panel.unavailable() or "the CPU lacks AVX512_BF16"
             log.warning("bf16 fast path unavailable (%s): running the bf16-rounded weights in fp32", why)
         model.float()
+    if hasattr(model, "set_attn_implementation"):   # attention row-invariant too (models/attention.py)
+        from .attention import use_rowwise
+
+        use_rowwise(model)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is not nn.Linear:
