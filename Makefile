@@ -38,7 +38,7 @@ reproduce: $(STAMP)
 	$(BIN)/mars-bench +experiment=cpu_reproduction task=gsm8k limit=2
 	$(BIN)/mars-bench-report results
 
-# The paper's subsets of all four tasks on this CPU (~33 h on 2 cores, resumable across days).
+# The paper's subsets of all four tasks on this CPU (~24 h on 2 cores, estimated from measured speeds; resumable across days).
 reproduce-full: $(STAMP)
 	$(BIN)/mars-bench --multirun +experiment=cpu_reproduction_full
 	$(BIN)/mars-bench-report results
