@@ -232,8 +232,8 @@ def rss_probe(dtype: str, max_new_tokens: int, data_dir: str) -> dict:
         out["load"] = peak()
         from transformers import AutoTokenizer
 
-        from mars_bench.models.embedded import TARGET, default_cache_dir
-        tok = AutoTokenizer.from_pretrained(default_cache_dir() / "hf" / TARGET)
+        from mars_bench.models.embedded import TARGET, ensure_model
+        tok = AutoTokenizer.from_pretrained(ensure_model(TARGET, dtype="bf16"))   # the default's cached copy
         ids = prompts(tok, 1, data_dir)[0][1]
         for name, spec in (("ar", False), ("sd", True)):
             runner.run(ids, max_new_tokens, (tok.eos_token_id,), speculative=spec)
