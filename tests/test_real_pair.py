@@ -30,7 +30,7 @@ def pair():
     torch.set_num_threads(2)
     C.register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config")
+        cfg = compose(config_name="config", overrides=["model.dtype=fp32"])   # the fp32 panel path (default: bf16)
     return load_pair(cfg.model)
 
 
