@@ -20,6 +20,7 @@ verification forward, ~0.3 s more for a 300-token prefill.
 from __future__ import annotations
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "mars_rowwise"
 
@@ -28,8 +29,6 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout: float 
                       scaling: float | None = None, **kwargs):
     """query [B, H, q, d], key/value [B, H_kv, kv, d], attention_mask None (causal, the new rows last)
     or [B, 1, q, kv] boolean (True = attend) or additive (0 = attend) -> ([B, q, H, d], None)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
         raise ValueError(f"{NAME} attention supports full attention only; got sliding_window="
                          f"{kwargs.get('sliding_window')}, softcap={kwargs.get('softcap')}")
