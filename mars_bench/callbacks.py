@@ -71,7 +71,8 @@ def validate_sweep(config: DictConfig, check_task: bool = True) -> int:
             raise SweepError(f"{label}: {_one_line(e)}") from None
         try:
             C.validate(cfg)
-            key = (cfg.task.name, cfg.task.system_prompt, cfg.subset, cfg.limit, cfg.data_dir)
+            key = (cfg.task.name, cfg.protocol.system_prompt, cfg.protocol.task_prompts, cfg.subset, cfg.limit,
+                   cfg.data_dir)
             if check_task and key not in seen_tasks:
                 from .runner import prepare
 

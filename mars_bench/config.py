@@ -13,7 +13,9 @@ from typing import Any, Optional
 from .decode.rules import RULES
 from .stats import StatsSettings
 from .decode.tree.build import TreeSpec
-from .decode.types import CHAIN, DEFAULT_K, DRAFT_MODEL, METHOD_NAMES, TREE, DecodeConfig, Method, resolve
+from .decode.types import (BUDGET_RULES, CHAIN, DEFAULT_K, DRAFT_MODEL, METHOD_NAMES, TREE, DecodeConfig, Method,
+                           resolve)
+from .system_prompts import SYSTEM_PROMPTS
 
 SOURCES = ("tiny", "embedded", "hf")
 DEVICES = ("cpu", "cuda", "auto")
@@ -41,6 +43,8 @@ class ModelConfig:
     fast_path: str = "auto"         # CPU fast path: auto (on for cpu) | on (best kernel: AVX-512 panel, else MKL) | mkl | off
     draft_quant: str = "none"       # none | int8: draft linears as fbgemm dynamic int8 (CPU; the target is never quantized)
     eagle3: Optional[str] = None    # EAGLE-3 head (Hub id or local dir) for method=eagle3 / eagle3_mars
+    enable_thinking: Optional[bool] = None  # null = the chat template's default; true/false = passed to
+    #                                         apply_chat_template (only for a template with that switch, e.g. Qwen3)
     seed: int = 0                   # tiny: weight seed
     noise: float = 0.05             # tiny: draft = target weights + noise * std
 
@@ -57,6 +61,7 @@ class MethodConfig:
     total_tokens: int = TreeSpec.total_tokens  # tree size including the root
     static_paths: Optional[Any] = None  # a static tree as a list of child-rank paths; null = dynamic
     children: str = TreeSpec.children   # sampled trees: topk (q = one-hot, EAGLE) | sample (without replacement)
+    topk_q: str = TreeSpec.topk_q   # sampled, topk children: onehot (lossless) | draft (the MARS authors' q, lossy)
     # aliases of rule.theta / rule.nonpositive_top1 / rule.sampled_top1 (null = unset), so commands written
     # before the rule axis keep working; ignored by rules without that setting
     theta: Optional[Any] = None
@@ -80,8 +85,17 @@ RuleConfig = _rule_schema()
 @dataclass
 class TaskConfig:
     name: str = "prompts"           # prompts | gsm8k | humaneval | mt_bench | wmt19_zh_en
-    system_prompt: Optional[str] = None  # null = the task's default (none); the paper's prompt is an option
-    max_new_tokens: Optional[int] = None  # null = the task's default
+    max_new_tokens: Optional[int] = None  # null = the protocol's budget, else the task's default
+
+
+@dataclass
+class ProtocolConfig:
+    """Evaluation settings that differ between this harness and the authors' scripts (conf/protocol/)."""
+    name: str = "ours"              # ours | authors: the conf/protocol/<name>.yaml these settings came from
+    system_prompt: str = "none"     # a name in system_prompts.SYSTEM_PROMPTS (none | llama2), first in every chat
+    budget: str = "exact"           # exact: cut at max_new_tokens | after_step: the authors' check after each step
+    max_new_tokens: Optional[int] = None  # every task's budget (null = each task's own default)
+    task_prompts: str = "ours"      # the task option `prompts` (ours | authors), for tasks that have it
 
 
 @dataclass
@@ -97,6 +111,7 @@ class Config:
     method: MethodConfig = field(default_factory=MethodConfig)
     rule: Any = field(default_factory=RuleConfig)   # conf/rule/<name>.yaml; null name = the method's own rule
     task: TaskConfig = field(default_factory=TaskConfig)
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)   # conf/protocol/<name>.yaml
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0                   # per-sample generator seed = seed * 1000003 + sample index
     limit: Optional[int] = None     # first N samples (null = all)
@@ -193,6 +208,7 @@ def validate(cfg: Any) -> None:
     if not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p={cfg.top_p!r}; allowed: a number in (0, 1]")
     _one_of("logger.name", cfg.logger.name, ("none", "wandb"))
+    validate_protocol(cfg)
     if _int_at_least("batch_size", cfg.get("batch_size", 1), 1) > 1 and method.name in TREE:
         raise ConfigError(f"batch_size={cfg.batch_size} with method={m.name}: trees decode at batch_size=1 only; "
                           f"allowed for batch_size > 1: {', '.join(CHAIN)} (with any chain rule)")
@@ -234,7 +250,7 @@ def draft_quant_of(cfg: Any) -> Optional[str]:
 def tree_knobs(m: Any) -> dict:
     paths = None if m.static_paths is None else [list(p) for p in m.static_paths]
     return {"depth": m.depth, "top_k": m.top_k, "total_tokens": m.total_tokens,
-            "static_paths": paths, "children": m.children}
+            "static_paths": paths, "children": m.children, "topk_q": m.topk_q}
 
 
 def method_of(cfg: Any) -> Method:
@@ -251,9 +267,28 @@ def method_of(cfg: Any) -> Method:
                   tree=tree_knobs(m) if scheme in TREE else {})
 
 
+def validate_protocol(cfg: Any) -> None:
+    """``protocol.*``; ConfigError naming the first bad one (model.enable_thinking: checked against the chat
+    template when the tokenizer loads, models.pairs.chat_template_kwargs)."""
+    from .tasks.base import PROMPT_SOURCES
+
+    p = cfg.protocol
+    _one_of("protocol.system_prompt", p.system_prompt, tuple(SYSTEM_PROMPTS))
+    _one_of("protocol.budget", p.budget, BUDGET_RULES)
+    _one_of("protocol.task_prompts", p.task_prompts, PROMPT_SOURCES)
+    if p.max_new_tokens is not None:
+        _int_at_least("protocol.max_new_tokens", p.max_new_tokens, 1)
+
+
+def max_new_tokens_of(cfg: Any, task_default: int) -> int:
+    """The budget: ``max_new_tokens``, else ``task.max_new_tokens``, else the protocol's, else the task's own."""
+    return cfg.max_new_tokens or cfg.task.max_new_tokens or cfg.protocol.max_new_tokens or task_default
+
+
 def decode_config(cfg: Any, max_new_tokens: int, eos_ids, stop_strings) -> DecodeConfig:
     return DecodeConfig(max_new_tokens=max_new_tokens, temperature=float(cfg.temperature),
-                        top_p=float(cfg.top_p), eos_ids=tuple(eos_ids), stop_strings=tuple(stop_strings))
+                        top_p=float(cfg.top_p), eos_ids=tuple(eos_ids), stop_strings=tuple(stop_strings),
+                        budget=cfg.protocol.budget)
 
 
 # ---- [rel] run settings the schema's types do not bound, and overrides checked before Hydra composes ---------
@@ -293,7 +328,8 @@ def validate_run_settings(cfg: Any) -> None:
 
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed <= SEED_MAX:
         raise ConfigError(f"seed={cfg.seed!r}; allowed: an integer in [0, {SEED_MAX}]")
-    for name, value in (("max_new_tokens", cfg.max_new_tokens), ("task.max_new_tokens", cfg.task.max_new_tokens)):
+    for name, value in (("max_new_tokens", cfg.max_new_tokens), ("task.max_new_tokens", cfg.task.max_new_tokens),
+                        ("protocol.max_new_tokens", cfg.protocol.max_new_tokens)):
         if value is not None and value > MAX_NEW_TOKENS_MAX:
             raise ConfigError(f"{name}={value!r}; allowed: an integer in [1, {MAX_NEW_TOKENS_MAX}] or null")
     if cfg.method.k > K_MAX:

@@ -5,7 +5,15 @@ derived from them (``summarize``) and written atomically. Tables and plots only 
 Definitions (cited in every table caption):
   tau      = new tokens / target verification forwards (accepted drafts + 1 bonus/correction per step)
   speedup  = (sum new tokens / sum wall s) of a method / the same for ``ar``, over the same samples
-  speedup_mean_ratio = mean over samples of (tokens/s method / tokens/s ar)  (the authors' scripts)
+Beside them, labelled as theirs, the authors' formulas (5SSjw/MARS, mars/evaluation/speed.py, speed1.py):
+  tau_authors     = sum new tokens / sum idx, idx = verification cycles - 1 per generate call (a turn);
+                    their ``idx`` is the loop index at the break of eagenerate, one less than the number of
+                    target verification forwards after the prefill, which is what ``steps`` counts here
+  speedup_authors = mean over samples of the method's tokens/s / mean over samples of ar's tokens/s (a ratio
+                    of means); ar's tokens per turn = len(tokenizer(output text).input_ids) - 1, the text
+                    re-tokenized (``n_retokenized`` of a turn); the method's tokens are its new tokens
+  speedup_mean_of_ratios = mean over samples of (tokens/s method / tokens/s ar on that sample), neither
+                    ours nor the authors'; kept in summary.json only, for comparison
 """
 from __future__ import annotations
 
@@ -27,6 +35,11 @@ TAU_DEFINITION = ("tau = mean tokens committed per target verification forward "
                   "(accepted drafts + 1 bonus/correction token)")
 SPEEDUP_DEFINITION = ("speedup = (sum new tokens / sum wall s) of the method over the same for "
                       "plain autoregressive decoding (ar) of the same target, same samples and settings")
+TAU_AUTHORS_DEFINITION = ("tau (authors' formula) = sum new tokens / sum over turns of (target verification "
+                          "forwards - 1), their idx (5SSjw/MARS speed.py); above tau, most on short outputs")
+SPEEDUP_AUTHORS_DEFINITION = ("speedup (authors' formula) = mean over samples of the method's tokens/s / mean "
+                              "over samples of ar's tokens/s, ar's tokens counted by re-tokenizing its output "
+                              "text minus 1 per turn (5SSjw/MARS speed.py)")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -257,10 +270,23 @@ def _sum(records, key):
     return sum(r[key] for r in records)
 
 
+def authors_idx(record: dict) -> int:
+    """The authors' ``idx`` summed over a sample's turns: verification forwards - 1 per turn."""
+    return sum(t["steps"] - 1 for t in record["turns"])
+
+
+def authors_ar_tokens(record: dict) -> int | None:
+    """ar's tokens as the authors count them: per turn len(tokenizer(text).input_ids) - 1, from the turn's
+    ``n_retokenized``; None when a turn lacks it (records written before it was recorded)."""
+    counts = [t.get("n_retokenized") for t in record["turns"]]
+    return None if any(c is None for c in counts) else sum(c - 1 for c in counts)
+
+
 def totals(records: list[dict]) -> dict:
     """Run-level speed and acceptance numbers from per-sample records."""
     tokens, steps, wall = _sum(records, "new_tokens"), _sum(records, "steps"), _sum(records, "wall_s")
     proposed, accepted = _sum(records, "n_proposed"), _sum(records, "n_accepted")
+    idx = sum(authors_idx(r) for r in records)
     depth_prop, depth_acc = [], []
     for r in records:
         for turn in r["turns"]:   # trees: depth_proposed = deepest draft per step; chains: k
@@ -276,6 +302,7 @@ def totals(records: list[dict]) -> dict:
         "prefill_s": _sum(records, "prefill_s"), "target_s": _sum(records, "target_s"),
         "draft_s": _sum(records, "draft_s"),
         "tokens_per_s": tokens / wall if wall else 0.0, "tau": tokens / steps if steps else 0.0,
+        "idx_authors": idx, "tau_authors": tokens / idx if idx > 0 else None,
         "n_proposed": proposed, "n_accepted": accepted, "n_exact": _sum(records, "n_exact"),
         "n_relaxed": _sum(records, "n_relaxed"),
         "acceptance_rate": accepted / proposed if proposed else None,
@@ -284,8 +311,23 @@ def totals(records: list[dict]) -> dict:
     }
 
 
+def authors_speedup_columns(records: list[dict], ar_records: list[dict]) -> tuple[list, list, list, list, str | None]:
+    """(tokens, wall, ar tokens, ar wall, note) over the samples both runs have, ar's tokens counted the
+    authors' way; where an ar record lacks ``n_retokenized``, its generated count stands in and note says so."""
+    ar = {r["id"]: r for r in ar_records}
+    both = [r for r in records if r["id"] in ar]
+    counted = [authors_ar_tokens(ar[r["id"]]) for r in both]
+    missing = sum(c is None for c in counted)
+    note = (f"{missing} of {len(both)} ar records lack n_retokenized (written before it was recorded): their "
+            f"generated token count stands in for the re-tokenized one") if missing else None
+    ar_tokens = [ar[r["id"]]["new_tokens"] if c is None else c for r, c in zip(both, counted)]
+    return ([r["new_tokens"] for r in both], [r["wall_s"] for r in both], ar_tokens,
+            [ar[r["id"]]["wall_s"] for r in both], note)
+
+
 def speedup(records: list[dict], ar_records: list[dict]) -> dict | None:
-    """Speedup over the ``ar`` run on the samples both have (two definitions, see module doc)."""
+    """Speedup over the ``ar`` run on the samples both have: ours, the authors', and the mean of per-sample
+    ratios (definitions in the module doc)."""
     ar = {r["id"]: r for r in ar_records}
     both = [r for r in records if r["id"] in ar]
     if not both:
@@ -295,7 +337,13 @@ def speedup(records: list[dict], ar_records: list[dict]) -> dict | None:
     ar_tps = _sum(base, "new_tokens") / _sum(base, "wall_s")
     ratios = [(r["new_tokens"] / r["wall_s"]) / (b["new_tokens"] / b["wall_s"])
               for r, b in zip(both, base) if r["wall_s"] and b["wall_s"] and b["new_tokens"]]
-    return {"speedup": mine_tps / ar_tps, "speedup_mean_ratio": sum(ratios) / len(ratios) if ratios else None,
+    tok, wall, ar_tok, ar_wall, note = authors_speedup_columns(records, ar_records)
+    rates = [(t / w, a / aw) for t, w, a, aw in zip(tok, wall, ar_tok, ar_wall) if w > 0 and aw > 0]
+    ar_mean = sum(a for _, a in rates) / len(rates) if rates else 0.0
+    return {"speedup": mine_tps / ar_tps,
+            "speedup_authors": sum(m for m, _ in rates) / len(rates) / ar_mean if ar_mean else None,
+            "speedup_authors_note": note,
+            "speedup_mean_of_ratios": sum(ratios) / len(ratios) if ratios else None,
             "ar_tokens_per_s": ar_tps, "n_common": len(both)}
 
 

@@ -20,6 +20,7 @@ from . import config as C
 from .decode import generate
 from .records import SampleWriter, atomic_write_text
 from .summary import summarize_run
+from .system_prompts import system_prompt_text
 from .tags import RunTag
 from .wandb_logger import make_logger
 
@@ -38,16 +39,19 @@ def prepare(cfg):
     from .tasks.data import DataError
 
     C.validate(cfg)
-    overrides = {} if cfg.task.system_prompt is None else {"system_prompt": cfg.task.system_prompt}
+    text = system_prompt_text(cfg.protocol.system_prompt)   # none: the task's own (no system message)
+    overrides = {} if text is None else {"system_prompt": text}
     data_dir = os.environ.get("MARS_BENCH_DATA_DIR") or cfg.data_dir
     try:   # the task registry and loaders check names, options, limit and subset: bad input
         task = get_task(cfg.task.name, **overrides)
+        if "prompts" in task.options:   # whose user turns: the protocol's choice, for tasks with that option
+            task = get_task(cfg.task.name, **overrides, prompts=cfg.protocol.task_prompts)
         samples = task.load(data_dir, limit=cfg.limit, subset=cfg.subset)
     except DataError:
         raise
     except ValueError as e:
         raise C.ConfigError(str(e)) from None
-    max_new = cfg.max_new_tokens or cfg.task.max_new_tokens or task.max_new_tokens
+    max_new = C.max_new_tokens_of(cfg, task.max_new_tokens)
     task_dir = Path(cfg.results_dir) / model_dir(cfg) / f"{task.name}-v{task.version}"
     return task, samples, data_dir, max_new, task_dir
 
@@ -58,7 +62,7 @@ class Job:
     def __init__(self, cfg, interleaved: bool = False):
         self.cfg, self.interleaved = cfg, interleaved
         self.task, self.samples, self.data_dir, self.max_new, self.task_dir = prepare(cfg)
-        self.tag = RunTag.from_config(cfg, self.max_new)
+        self.tag = RunTag.from_config(cfg, self.max_new, task_prompts=self.task.options.get("prompts", "ours"))
         self.run_dir = self.task_dir / self.tag.format()
         self.method = C.method_of(cfg)
         self.writer = SampleWriter(self.run_dir / "samples.jsonl")
@@ -227,12 +231,11 @@ class Models:
         draft = self.eagle3 if job.method.name == "eagle3" else self.pair.draft
         outputs, turns = [], []
         for t in range(len(sample.turns)):
-            ids = tok.apply_chat_template(build_messages(task, sample, outputs, t), add_generation_prompt=True,
-                                          return_dict=False)
+            ids = self.pair.prompt_ids(build_messages(task, sample, outputs, t))
             res = generate(self.pair.target, draft, tok, ids, job.method, dcfg,
                            seed=cfg.seed * 1_000_003 + index + 100_003 * t)
             outputs.append(tok.decode(res.tokens, skip_special_tokens=True))
-            turns.append(_turn_record(res, ids, outputs[-1]))
+            turns.append(_turn_record(res, ids, outputs[-1], tok))
         return _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order)
 
     def decode_batched(self, job: Job, todo: list, write, order: int = 0, source=None) -> None:
@@ -250,15 +253,14 @@ class Models:
 
         def request(sample, index, t):
             state.setdefault(sample.id, ([], []))
-            ids = tok.apply_chat_template(build_messages(task, sample, state[sample.id][0], t),
-                                          add_generation_prompt=True, return_dict=False)
+            ids = self.pair.prompt_ids(build_messages(task, sample, state[sample.id][0], t))
             return Request(ids, seed=cfg.seed * 1_000_003 + index + 100_003 * t, key=(sample, index, t))
 
         def on_done(req, res):
             sample, index, t = req.key
             outputs, turns = state[sample.id]
             outputs.append(tok.decode(res.tokens, skip_special_tokens=True))
-            turns.append({**_turn_record(res, req.prompt, outputs[-1]), "span_s": res.span_s})
+            turns.append({**_turn_record(res, req.prompt, outputs[-1], tok), "span_s": res.span_s})
             if t + 1 < len(sample.turns):
                 return request(sample, index, t + 1)
             write(sample, _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order))
@@ -292,8 +294,13 @@ def _progress(items, label, enabled, total=None):
     return tqdm(items, desc=label, unit="sample" if items is not None else "decode", dynamic_ncols=True, total=total)
 
 
-def _turn_record(res, prompt_ids, text) -> dict:
+def _turn_record(res, prompt_ids, text, tokenizer=None) -> dict:
+    """One turn's record. ``n_retokenized`` = len(tokenizer(text.strip()).input_ids), special tokens as the
+    tokenizer adds them: the count the authors' speed script takes ar's tokens from (minus 1); None
+    without a tokenizer."""
+    retok = len(tokenizer(text.strip()).input_ids) if tokenizer is not None else None
     return {"prompt_tokens": len(prompt_ids), "new_tokens": len(res.tokens), "steps": res.steps,
+            "n_retokenized": retok,
             "tau": res.tau, "stop_reason": res.stop_reason, "prefill_s": res.prefill_s,
             "wall_s": res.wall_s, "target_s": res.target_s, "draft_s": res.draft_s,
             "proposed": res.proposed, "accepted": res.accepted, "relaxed": res.relaxed,

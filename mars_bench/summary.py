@@ -1,10 +1,15 @@
 """``summary.json`` for one run: totals, quality (the task's metrics), fidelity and speedup vs ``ar``, and
-their uncertainty (``stats``: CIs, paired tests vs ``ar`` and ``sd``, MDEs; computed by ``mars_bench.stats``)
-and the share of samples per stop reason (``stop_reasons``)."""
+their uncertainty (``stats``: CIs, paired tests vs ``ar`` and ``sd`` with their non-inferiority verdicts,
+MDEs; computed by ``mars_bench.stats``), the authors' tau and speedup beside ours (``tau_authors``,
+``speedup_authors``, definitions in ``mars_bench.records``) and the share of samples per stop reason
+(``stop_reasons``). Which metric gets which paired test is the task's registration (``task.metrics``),
+stored as ``metric_specs`` so that the report reads it from the results."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
@@ -13,25 +18,75 @@ from . import stats as S
 from .config import draft_quant_of, method_of
 from .decode.rules import RULES
 from .tags import RunTag
+from .tasks.base import METRIC_TESTS
+
+
+@dataclass(frozen=True)
+class Paired:
+    """How one quality metric is tested: ``test`` (binary -> stats.binary_delta, McNemar; mean ->
+    stats.mean_delta; corpus_bleu / corpus_chrf -> stats.corpus_delta / corpus_ci on the hypotheses at
+    ``per_sample``; none -> untested), the direction and the per-sample value in a record's ``score``."""
+    name: str
+    higher: bool
+    test: str
+    per_sample: str | None
+    get: Callable[[dict], Any]
+
+    @property
+    def corpus(self) -> bool:
+        return self.test.startswith("corpus_")
+
+    def as_dict(self) -> dict:
+        return {"higher": self.higher, "test": self.test, "per_sample": self.per_sample}
+
+
+def paired(name: str, higher: bool, test: str, per_sample: str | None) -> Paired:
+    if test not in METRIC_TESTS:
+        raise ValueError(f"metric {name}: test={test!r}; allowed: {', '.join(METRIC_TESTS)}")
+    return Paired(name, bool(higher), test, per_sample, lambda score: (score or {}).get(per_sample))
 
 
 def _judge_mean(score: dict):
-    xs = [score.get(f"judge_score_turn{t}") for t in (1, 2)]
+    xs = [(score or {}).get(f"judge_score_turn{t}") for t in (1, 2)]
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
 
 
-# quality metric (a key of summary["quality"]) -> (kind, its per-sample value in a record's "score"):
-# binary -> stats.binary_delta (McNemar), mean -> stats.mean_delta (paired bootstrap),
-# corpus -> stats.corpus_delta (sacrebleu's paired bootstrap on the hypotheses and the references)
-PAIRED_METRICS = {
-    "accuracy_strict": ("binary", lambda s: s.get("correct_strict")),
-    "accuracy_flexible": ("binary", lambda s: s.get("correct_flexible")),
-    "pass@1": ("binary", lambda s: s.get("passed")),
-    "judge_score": ("mean", _judge_mean),
-    "bleu": ("corpus", lambda s: s.get("hypothesis")),
-    "chrf": ("corpus", lambda s: s.get("hypothesis")),
+# tasks registered before ``task.metrics`` existed (a direction per metric in task.yaml): the tests they had
+LEGACY_METRICS = {
+    "accuracy_strict": paired("accuracy_strict", True, "binary", "correct_strict"),
+    "accuracy_flexible": paired("accuracy_flexible", True, "binary", "correct_flexible"),
+    "pass@1": paired("pass@1", True, "binary", "passed"),
+    "judge_score": Paired("judge_score", True, "mean", None, _judge_mean),
+    "bleu": paired("bleu", True, "corpus_bleu", "hypothesis"),
+    "chrf": paired("chrf", True, "corpus_chrf", "hypothesis"),
 }
+
+
+def from_registration(metrics: dict | None) -> dict[str, Paired]:
+    """Paired tests from a metric registration: ``task.metrics`` (name -> MetricSpec(name, higher, test,
+    per_sample)), its dict form (summary.json's ``metric_specs``, task.yaml's ``metrics:``), or an older
+    task.yaml's name -> 'higher' | 'lower' (then the LEGACY_METRICS test, if any)."""
+    out = {}
+    for name, spec in (metrics or {}).items():
+        if isinstance(spec, str):
+            if name in LEGACY_METRICS:
+                out[name] = LEGACY_METRICS[name]
+            continue
+        get = spec.get if isinstance(spec, dict) else lambda k, s=spec: getattr(s, k)
+        m = paired(name, get("higher"), get("test"), get("per_sample"))
+        legacy = LEGACY_METRICS.get(name)
+        out[name] = legacy if legacy is not None and legacy.as_dict() == m.as_dict() else m
+    return {k: v for k, v in out.items() if v.test != "none"}
+
+
+def task_metrics(task) -> dict[str, Paired]:
+    """The task's paired tests: its registration ``task.metrics``; without one, its declared directions
+    matched against LEGACY_METRICS."""
+    reg = getattr(task, "metrics", None)
+    return from_registration(reg if reg is not None else getattr(task, "metric_directions", None))
+
+
 STOP_REASONS = ("max_new_tokens", "eos", "stop_string")   # decoding.Stopper's reasons
 
 
@@ -44,66 +99,89 @@ def stop_reasons(recs: list[dict]) -> dict:
     return out
 
 
-def quality_tests(recs: list[dict], base_recs: list[dict], metrics, settings: S.StatsSettings,
-                  references: dict | None = None) -> dict:
-    """Paired test of each metric in ``metrics`` (those PAIRED_METRICS knows) on the ids both runs have.
-    ``references``: id -> reference text, needed for BLEU / chrF (absent in results files)."""
+def _corpus_groups(metrics: dict[str, Paired]) -> dict[str, list[Paired]]:
+    """Corpus metrics by the score key of their hypotheses (bleu and chrf share one sacrebleu call)."""
+    out: dict[str, list[Paired]] = {}
+    for m in metrics.values():
+        if m.corpus:
+            out.setdefault(m.per_sample, []).append(m)
+    return out
+
+
+def _sacrebleu_key(m: Paired) -> str:
+    return m.test.removeprefix("corpus_")   # stats.corpus_delta / corpus_ci return 'bleu' and 'chrf'
+
+
+def quality_tests(recs: list[dict], base_recs: list[dict], metrics: dict[str, Paired],
+                  settings: S.StatsSettings, references: dict | None = None) -> dict:
+    """Paired test of each metric in ``metrics`` (name -> Paired) on the ids both runs have, with its
+    non-inferiority verdict. ``references``: id -> reference text, needed for BLEU / chrF (absent in
+    results files)."""
     base = {r["id"]: r for r in base_recs}
     pairs = [(r["score"] or {}, base[r["id"]]["score"] or {}, r["id"]) for r in recs if r["id"] in base]
-    out, corpus = {}, [m for m in metrics if PAIRED_METRICS.get(m, ("",))[0] == "corpus"]
-    for m in metrics:
-        kind, get = PAIRED_METRICS.get(m, (None, None))
-        if kind in ("binary", "mean"):
-            vals = [(get(a), get(b)) for a, b, _ in pairs if get(a) is not None and get(b) is not None]
-            fn = S.binary_delta if kind == "binary" else S.mean_delta
-            out[m] = fn([a for a, _ in vals], [b for _, b in vals], settings)
-    if corpus:
-        use = [(a["hypothesis"], b["hypothesis"], i) for a, b, i in pairs if "hypothesis" in a and "hypothesis" in b]
+    out = {}
+    for m in metrics.values():
+        if m.test in ("binary", "mean"):
+            vals = [(m.get(a), m.get(b)) for a, b, _ in pairs if m.get(a) is not None and m.get(b) is not None]
+            fn = S.binary_delta if m.test == "binary" else S.mean_delta
+            out[m.name] = fn([a for a, _ in vals], [b for _, b in vals], settings, m.higher)
+    for key, group in _corpus_groups(metrics).items():
+        use = [(a[key], b[key], i) for a, b, i in pairs if key in a and key in b]
         if references is None or any(i not in references for _, _, i in use):
-            res = {m: S.no_test(len(use), "needs the references: re-summarize the run (rerun its mars-bench "
-                                "command; finished samples are not decoded again)", settings) for m in corpus}
-        else:
-            res = S.corpus_delta([a for a, _, _ in use], [b for _, b, _ in use], [references[i] for *_, i in use],
-                                 settings)
-        out.update({m: res[m] for m in corpus})
+            note = "needs the references: re-summarize the run (rerun its mars-bench command; finished samples " \
+                   "are not decoded again)"
+            out.update({m.name: S.no_test(len(use), note, settings) for m in group})
+            continue
+        res = S.corpus_delta([a for a, _, _ in use], [b for _, b, _ in use], [references[i] for *_, i in use],
+                             settings, all(m.higher for m in group))
+        out.update({m.name: res[_sacrebleu_key(m)] for m in group})
     return out
 
 
-def quality_cis(recs: list[dict], metrics, settings: S.StatsSettings, references: dict | None = None) -> dict:
-    """The run's own CI of each metric PAIRED_METRICS knows: Wilson for binary scores, bootstrap for
-    means, sacrebleu's bootstrap for BLEU / chrF (needs ``references``)."""
-    out, corpus = {}, [m for m in metrics if PAIRED_METRICS.get(m, ("",))[0] == "corpus"]
-    for m in metrics:
-        kind, get = PAIRED_METRICS.get(m, (None, None))
-        vals = [get(r["score"] or {}) for r in recs]
-        vals = [v for v in vals if v is not None]
-        if kind == "binary":
-            out[m] = S.proportion_ci(int(sum(vals)), len(vals), settings)
-        elif kind == "mean":
-            out[m] = S.mean_ci(vals, settings)
-    if corpus:
-        use = [(r["score"]["hypothesis"], r["id"]) for r in recs if "hypothesis" in (r["score"] or {})]
+def quality_cis(recs: list[dict], metrics: dict[str, Paired], settings: S.StatsSettings,
+                references: dict | None = None) -> dict:
+    """The run's own CI of each metric in ``metrics``: Wilson for binary scores, bootstrap for means,
+    sacrebleu's bootstrap for BLEU / chrF (needs ``references``)."""
+    out = {}
+    for m in metrics.values():
+        vals = [v for v in (m.get(r["score"] or {}) for r in recs) if v is not None]
+        if m.test == "binary":
+            out[m.name] = S.proportion_ci(int(sum(vals)), len(vals), settings)
+        elif m.test == "mean":
+            out[m.name] = S.mean_ci(vals, settings)
+    for key, group in _corpus_groups(metrics).items():
+        use = [(r["score"][key], r["id"]) for r in recs if key in (r["score"] or {})]
         if references is None or any(i not in references for _, i in use):
-            res = {m: {**S.no_test(len(use), "needs the references: re-summarize the run", settings),
-                       "value": None} for m in corpus}
-        else:
-            res = S.corpus_ci([h for h, _ in use], [references[i] for _, i in use], settings)
-        out.update({m: res[m] for m in corpus})
+            out.update({m.name: {**S.no_test(len(use), "needs the references: re-summarize the run", settings),
+                                 "value": None} for m in group})
+            continue
+        res = S.corpus_ci([h for h, _ in use], [references[i] for _, i in use], settings)
+        out.update({m.name: res[_sacrebleu_key(m)] for m in group})
     return out
+
+
+def authors_speedup_ci(recs: list[dict], ar_recs: list[dict], settings: S.StatsSettings) -> dict:
+    """The authors' speedup with its paired-bootstrap CI; the note says when ar's tokens were not re-tokenized."""
+    tok, wall, ar_tok, ar_wall, note = R.authors_speedup_columns(recs, ar_recs)
+    est = S.speedup_authors_ci(tok, wall, ar_tok, ar_wall, settings)
+    return {**est, "note": "; ".join(x for x in (est["note"], note) if x) or None}
 
 
 def run_stats(recs: list[dict], ar_recs: list[dict] | None = None, sd_recs: list[dict] | None = None,
-              settings: S.StatsSettings | None = None, metrics=(), references: dict | None = None,
-              fidelity: dict | None = None) -> dict:
+              settings: S.StatsSettings | None = None, metrics: dict[str, Paired] | None = None,
+              references: dict | None = None, fidelity: dict | None = None) -> dict:
     """The ``stats`` block of summary.json: CIs of tau, tokens/s, speedup vs ar (paired), fidelity to ar,
-    each quality metric; paired quality tests vs ar and vs sd (None when that run is absent)."""
+    each quality metric; the authors' tau and speedup (records' module doc) with theirs; paired quality
+    tests vs ar and vs sd (None when that run is absent). ``metrics``: name -> Paired (``task_metrics``)."""
     settings = settings or S.StatsSettings()
+    metrics = metrics or {}
     col = lambda rs, k: [r[k] for r in rs]  # noqa: E731
     out = {"settings": settings.as_dict(),
            "tau": S.ratio_ci(col(recs, "new_tokens"), col(recs, "steps"), settings),
+           "tau_authors": S.ratio_ci(col(recs, "new_tokens"), [R.authors_idx(r) for r in recs], settings),
            "tokens_per_s": S.ratio_ci(col(recs, "new_tokens"), col(recs, "wall_s"), settings),
-           "speedup": None, "fidelity": None, "quality": None, "quality_vs_ar": None, "quality_vs_sd": None}
-    metrics = [m for m in metrics if m in PAIRED_METRICS]
+           "speedup": None, "speedup_authors": None, "fidelity": None, "quality": None, "quality_vs_ar": None,
+           "quality_vs_sd": None}
     out["quality"] = quality_cis(recs, metrics, settings, references)
     if ar_recs is not None:
         ar = {r["id"]: r for r in ar_recs}
@@ -111,6 +189,7 @@ def run_stats(recs: list[dict], ar_recs: list[dict] | None = None, sd_recs: list
         base = [ar[r["id"]] for r in both]
         out["speedup"] = S.speedup_ci(col(both, "new_tokens"), col(both, "wall_s"), col(base, "new_tokens"),
                                       col(base, "wall_s"), settings)
+        out["speedup_authors"] = authors_speedup_ci(recs, ar_recs, settings)
         out["quality_vs_ar"] = quality_tests(recs, ar_recs, metrics, settings, references)
     if sd_recs is not None:
         out["quality_vs_sd"] = quality_tests(recs, sd_recs, metrics, settings, references)
@@ -142,6 +221,15 @@ def fidelity_vs_ar(recs: list[dict], ar_recs: list[dict]) -> dict | None:
     return {"aggregate": aggregate_fidelity(list(per.values())), "per_sample": per}
 
 
+def _directions(task) -> dict[str, str]:
+    """'higher' / 'lower' per metric the task reports (its registration when it has one)."""
+    reg = getattr(task, "metrics", None)
+    if reg is None:
+        return dict(task.metric_directions)
+    return {name: "higher" if (spec["higher"] if isinstance(spec, dict) else spec.higher) else "lower"
+            for name, spec in reg.items()}
+
+
 def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | None = None,
                   sd_dir: Path | None = None, settings: S.StatsSettings | None = None) -> dict:
     """Write and return summary.json. ``ar_dir`` / ``sd_dir``: the ar / sd runs of the same settings
@@ -152,6 +240,7 @@ def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | No
     by_id = {r["id"]: r for r in recs}
     ordered = [(s, by_id[s.id]) for s in samples if s.id in by_id]
     method, tag = method_of(cfg), RunTag.parse(run_dir.name)
+    registered = task_metrics(task)
     quality = task.aggregate([s for s, _ in ordered], [r["score"] for _, r in ordered],
                              [[t["output_text"] for t in r["turns"]] for _, r in ordered]) if ordered else {}
     summary = {
@@ -168,8 +257,10 @@ def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | No
         "config": OmegaConf.to_container(cfg, resolve=True),
         "manifest": R.manifest(), "data_sha256": task.data_sha256(data_dir),
         "totals": R.totals([r for _, r in ordered]), "quality": quality,
-        "metric_directions": task.metric_directions, "problems": problems,
-        "definitions": {"tau": R.TAU_DEFINITION, "speedup": R.SPEEDUP_DEFINITION},
+        "metric_directions": _directions(task), "problems": problems,
+        "metric_specs": {name: m.as_dict() for name, m in registered.items()},
+        "definitions": {"tau": R.TAU_DEFINITION, "speedup": R.SPEEDUP_DEFINITION,
+                        "tau_authors": R.TAU_AUTHORS_DEFINITION, "speedup_authors": R.SPEEDUP_AUTHORS_DEFINITION},
         "speedup": None, "fidelity": None, "stop_reasons": stop_reasons([r for _, r in ordered]),
     }
     mine, ar_recs, sd_recs = [r for _, r in ordered], None, None
@@ -181,7 +272,8 @@ def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | No
     if sd_dir is not None and (Path(sd_dir) / "samples.jsonl").exists():
         sd_recs, _ = R.read_samples(Path(sd_dir) / "samples.jsonl")
         summary["sd_run_dir"] = str(sd_dir)
-    summary["stats"] = run_stats(mine, ar_recs, sd_recs, settings, metrics=list(quality),
+    summary["stats"] = run_stats(mine, ar_recs, sd_recs, settings,
+                                 metrics={k: m for k, m in registered.items() if k in quality},
                                  references={s.id: s.reference for s, _ in ordered if isinstance(s.reference, str)},
                                  fidelity=summary["fidelity"])
     R.atomic_write_json(run_dir / "summary.json", summary)

@@ -12,8 +12,10 @@ sweep: ``$WANDB_RUN_GROUP`` when set, else ``<sweep>/<model dir>/<task dir>/<set
 the chosen ``sweep`` or ``experiment`` config (``multirun`` / ``run`` otherwise), so every method and
 theta of one sweep over the same settings lands in one group. The run summary mirrors summary.json's
 numbers (``summary_values``), every interval and test included (``stats/speedup/lo``,
-``stats/quality_vs_ar/<metric>/p_value``, ...), read from the summary, never recomputed. The results files
-stay the record; the tracker only mirrors them.
+``stats/quality_vs_ar/<metric>/p_value``, ``.../noninferiority/passes``, ...), read from the summary, never
+recomputed. The authors' formulas (``mars_bench.records``) are mirrored again under their own label,
+``authors_formula/speedup`` and ``authors_formula/tau`` (with ``_lo`` / ``_hi``), beside ours. The results
+files stay the record; the tracker only mirrors them.
 """
 from __future__ import annotations
 
@@ -96,7 +98,19 @@ def summary_values(summary: dict) -> dict:
               **_scalars("stop_reasons", summary.get("stop_reasons"))}
     for i, a in enumerate((summary.get("totals") or {}).get("acceptance_per_depth") or []):
         values[f"totals/acceptance_depth_{i + 1}"] = a
+    values.update(authors_formula(summary))
     return values
+
+
+def authors_formula(summary: dict) -> dict:
+    """The authors' speedup and tau (labelled as theirs) with their intervals, where summary.json has them."""
+    st, out = summary.get("stats") or {}, {}
+    for name in ("speedup", "tau"):
+        est = st.get(f"{name}_authors") or {}
+        for suffix, key in (("", "value"), ("_lo", "lo"), ("_hi", "hi")):
+            if isinstance(est.get(key), (int, float)):
+                out[f"authors_formula/{name}{suffix}"] = est[key]
+    return out
 
 
 class WandbLogger:

@@ -356,3 +356,75 @@ def test_bf16_conversion_that_changes_weights_is_rejected(tmp_path, tiny_gguf, m
     with pytest.raises(RuntimeError, match="differs"):
         E.convert_gguf(tiny_gguf, tmp_path / "hf" / "tiny-bf16", dtype="bf16")
     assert list((tmp_path / "hf").iterdir()) == []
+
+
+# ---------------------------------------------------------------- quick loads (size + mtime), full verify
+def _no_hashing(monkeypatch):
+    from mars_bench.models import cache_marker
+
+    def refuse(path):
+        raise AssertionError(f"hashed {path} on the load path")
+
+    monkeypatch.setattr(cache_marker, "sha256_file", refuse)
+
+
+def test_load_checks_size_and_mtime_without_hashing(tmp_path, tiny_gguf, monkeypatch):
+    spec, cache, out = _prepared(tmp_path, tiny_gguf)
+    info = json.loads((out / E.MARKER).read_text())
+    files = sorted(p.name for p in out.iterdir() if p.name != E.MARKER)
+    assert sorted(info["mtime_ns"]) == files and all(info["mtime_ns"][n] == (out / n).stat().st_mtime_ns for n in files)
+    _no_hashing(monkeypatch)
+    monkeypatch.setattr(E, "convert_gguf", lambda *a, **k: pytest.fail("rebuilt a good cache"))
+    assert E.prepare(spec, cache) == out                             # nothing hashed, nothing rebuilt
+    st = out / "model.safetensors"
+    with open(st, "r+b") as f:                                       # truncated: the size alone tells
+        f.truncate(st.stat().st_size - 1)
+    assert "bytes" in E.cache_problem(out, spec.sha256)
+
+
+def test_moved_mtime_is_hashed_once_then_trusted(tmp_path, tiny_gguf, monkeypatch):
+    spec, cache, out = _prepared(tmp_path, tiny_gguf)
+    st = out / "model.safetensors"
+    os.utime(st, ns=(st.stat().st_atime_ns, st.stat().st_mtime_ns + 10**9))   # a copy or `touch`: same bytes
+    assert E.cache_problem(out, spec.sha256) is None                  # hashed, found equal, recorded
+    assert json.loads((out / E.MARKER).read_text())["mtime_ns"]["model.safetensors"] == st.stat().st_mtime_ns
+    _no_hashing(monkeypatch)
+    assert E.cache_problem(out, spec.sha256) is None                  # from now on size + mtime again
+
+
+def test_marker_without_mtimes_gets_one_full_check(tmp_path, tiny_gguf, monkeypatch):
+    spec, cache, out = _prepared(tmp_path, tiny_gguf)
+    info = json.loads((out / E.MARKER).read_text())
+    info.pop("mtime_ns")
+    (out / E.MARKER).write_text(json.dumps(info))                    # as written before mtimes were recorded
+    st = out / "model.safetensors"
+    good = st.read_bytes()
+    st.write_bytes(bytes(len(good)))                                 # same size, zeros: a quick check would pass
+    assert "sha256" in E.cache_problem(out, spec.sha256)              # the one full check finds it
+    st.write_bytes(good)
+    assert E.cache_problem(out, spec.sha256) is None
+    assert "mtime_ns" in json.loads((out / E.MARKER).read_text())     # rewritten with mtimes
+    _no_hashing(monkeypatch)
+    assert E.prepare(spec, cache) == out
+
+
+def test_cache_verify_finds_what_a_load_cannot_and_rebuilds(tmp_path, tiny_gguf, capsys, monkeypatch):
+    from mars_bench import cache_cli
+
+    spec, cache, out = _prepared(tmp_path, tiny_gguf)
+    monkeypatch.setitem(E.SPECS, spec.name, spec)
+    assert cache_cli.main(["--cache", str(cache), "verify"]) == 0
+    assert f"ok  {out} (" in capsys.readouterr().out
+    st = out / "model.safetensors"
+    good, mtime = st.read_bytes(), st.stat().st_mtime_ns
+    st.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])  # bit rot: size and mtime kept
+    os.utime(st, ns=(mtime, mtime))
+    assert E.cache_problem(out, spec.sha256) is None                   # a load cannot see it
+    assert cache_cli.main(["--cache", str(cache), "verify", "--no-rebuild"]) == 1
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("BAD")]
+    assert lines == [f"BAD {out}: model.safetensors does not match its recorded sha256"]
+    assert cache_cli.main(["--cache", str(cache), "verify"]) == 0    # rebuilt from the cached (verified) GGUF
+    assert st.read_bytes() == good and f"ok  {out} rebuilt" in capsys.readouterr().out
+    assert cache_cli.main(["--cache", str(cache), "info"]) == 0
+    assert "tiny-test: fp32" in capsys.readouterr().out
+    assert cache_cli.main(["--cache", str(tmp_path / "nowhere"), "info"]) == 2

@@ -138,11 +138,29 @@ def test_task_and_subset_run_or_stop_in_one_line(tmp_path, task, subset):
         _check(f"subset={subset}", tmp_path, task)
 
 
+PROTOCOL_ALLOWED = {"protocol.system_prompt": {"none", "llama2"}, "protocol.budget": {"exact", "after_step"},
+                    "protocol.task_prompts": {"ours", "authors"}}
+
+
+@FAST
+@given(key=st.sampled_from(sorted(PROTOCOL_ALLOWED) + ["protocol.max_new_tokens", "model.enable_thinking"]),
+       raw=st.sampled_from(NUMBERS + ["none", "llama2", "LLAMA2", "exact", "after_step", "after-step", "ours",
+                                      "authors", "false", "False", "yes"]) | st.text(max_size=8))
+def test_protocol_settings_run_or_stop_in_one_line(tmp_path, key, raw):
+    msg = _check(f"{key}={raw}", tmp_path)
+    if msg is None and key in PROTOCOL_ALLOWED:
+        assert raw in PROTOCOL_ALLOWED[key], (key, raw)
+    if msg is None and key == "protocol.max_new_tokens":
+        assert raw == "null" or (float(raw) == int(float(raw)) >= 1), raw
+
+
 # ---- the real CLI: one line on stderr, exit 2, nothing written ---------------------------------------------
 @pytest.mark.parametrize("args", [
     ["seed=abc"], ["limit=1e99"], ["temperature=inf"], ["top_p=nan"], ["results_dir=''"], ["task=abc"],
     ["method.k=0"], ["results_dir=../x/ü"], ["task=gsm8k", "data_dir=/nonexistent/data"], ["seed=-1"],
     ["--multirun", "seed=0,abc"], ["--multirun", "method.k=2,0"],
+    ["protocol=theirs"], ["protocol=authors", "protocol.budget=soft"],
+    ["model.enable_thinking=false"],   # the tiny chat template has no such switch: refused before weights load
 ])
 def test_cli_bad_values_one_line_nothing_written(tmp_path, args):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

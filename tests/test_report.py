@@ -65,7 +65,19 @@ def test_sd_speedup_recomputed_from_samples(runs):
     # sd tokens 22 over wall 2 + 1.5 + 2 = 5.5 s -> 4.0 tokens/s; speedup 4.0 / 2.2 = 20/11 = 1.8182
     assert sd.speedup["speedup"] == pytest.approx(20 / 11)
     # per sample: q0 (8/2)/(8/4) = 2, q1 (6/1.5)/(6/2) = 4/3, q2 (8/2)/(8/4) = 2 -> mean 16/9 = 1.7778
-    assert sd.speedup["speedup_mean_ratio"] == pytest.approx(16 / 9)
+    assert sd.speedup["speedup_mean_of_ratios"] == pytest.approx(16 / 9)
+    # the authors' ratio of means: sd tokens/s 4, 4, 4 -> 4; ar 2, 3, 2 -> 7/3 (the fixture's ar records have
+    # no n_retokenized, so ar's generated counts stand in, and the note says so) -> 4 / (7/3) = 12/7
+    assert sd.speedup["speedup_authors"] == pytest.approx(12 / 7)
+    assert "lack n_retokenized" in sd.speedup["speedup_authors_note"]
+    # paired bootstrap of the ratio of means: only q1 (prob 1/27) gives 4/3, no q1 (8/27) gives 4/2 = 2
+    spa = sd.stats["speedup_authors"]
+    assert (spa["value"], spa["lo"], spa["hi"]) == pytest.approx((12 / 7, 4 / 3, 2.0))
+    assert "lack n_retokenized" in spa["note"]
+    # authors' tau: idx = steps - 1 per turn: 3 + 2 + 3 = 8 -> 22/8; only q1 gives 6/2 = 3, no q1 16/6
+    assert sd.totals["tau_authors"] == pytest.approx(22 / 8)
+    ta = sd.stats["tau_authors"]
+    assert (ta["value"], ta["lo"], ta["hi"]) == pytest.approx((22 / 8, 8 / 3, 3.0))
     assert sd.speedup["n_common"] == 3
     # paired bootstrap: a resample of only q1 (prob 1/27) gives 4/3, one without q1 (prob 8/27) gives 2
     sp = sd.stats["speedup"]
@@ -94,7 +106,10 @@ def test_mars_merged_totals_recomputed(runs):
     assert m9.totals["tokens_per_s"] == pytest.approx(5.5)
     # speedup 5.5 / 2.2 = 2.5; per sample q0 (8/1)/(8/4) = 4, q1 (6/1)/(6/2) = 2, q2 (8/2)/(8/4) = 2 -> 8/3
     assert m9.speedup["speedup"] == pytest.approx(2.5)
-    assert m9.speedup["speedup_mean_ratio"] == pytest.approx(8 / 3)
+    assert m9.speedup["speedup_mean_of_ratios"] == pytest.approx(8 / 3)
+    # authors': mars tokens/s 8, 6, 4 -> mean 6; ar 2, 3, 2 -> 7/3 -> 18/7; tau: idx 2 + 1 + 3 = 6 -> 22/6
+    assert m9.speedup["speedup_authors"] == pytest.approx(18 / 7)
+    assert m9.totals["tau_authors"] == pytest.approx(22 / 6)
     # accepted 5 + 4 + 4 = 13 of 6 + 4 + 8 = 18 proposed; relaxed 1 (q0) + 1 (q2) = 2
     assert m9.totals["acceptance_rate"] == pytest.approx(13 / 18)
     assert (m9.totals["n_relaxed"], m9.totals["n_exact"]) == (2, 11)
@@ -127,7 +142,13 @@ def test_corrupt_and_truncated_lines_reported_and_skipped(runs):
     # no summary for th0.8: totals from its 2 samples, speedup vs ar on q0, q1:
     # mars 14 tokens / (2 + 1.5) s = 4 tokens/s; ar 14 / (4 + 2) s = 7/3 -> 4 / (7/3) = 12/7 = 1.7143
     assert m8.speedup["speedup"] == pytest.approx(12 / 7)
-    assert m8.speedup["speedup_mean_ratio"] == pytest.approx((2 + 4 / 3) / 2)   # (8/2)/(8/4), (6/1.5)/(6/2)
+    # the three formulas on the same two samples: ours 12/7 = 1.714 (ratio of total tokens/s); mean of the
+    # per-sample ratios (8/2)/(8/4) = 2 and (6/1.5)/(6/2) = 4/3 -> 5/3 = 1.667; the authors' ratio of means:
+    # mars tokens/s 4 and 4 -> 4, ar 2 and 3 -> 2.5 -> 4 / 2.5 = 1.600
+    assert m8.speedup["speedup_mean_of_ratios"] == pytest.approx((2 + 4 / 3) / 2)
+    assert m8.speedup["speedup_authors"] == pytest.approx(1.6)
+    # authors' tau: q0 8 tokens in 3 steps, q1 6 in 2 -> 14 / ((3 - 1) + (2 - 1)) = 14/3; ours 14/5
+    assert (m8.totals["tau_authors"], m8.totals["tau"]) == pytest.approx((14 / 3, 14 / 5))
     assert m8.quality == {} and m8.metric_directions["accuracy_strict"] == "higher"  # directions borrowed
     assert len(problems(runs.values())) == 2
 
@@ -152,13 +173,23 @@ def test_tables_by_hand(runs):
     w = binomtest(2, 3).proportion_ci(0.95, method="wilson")          # ar's and sd's 2 of 3
     q = f"0.667 [{w.low:.3f}, {w.high:.3f}]"
     nc = S.newcombe_paired(2, 0, 0, 1, 0.95)                             # sd vs ar: a=2 both right, d=1
-    assert (f"| sd k=2 | 3 | 4.00 | 2.00 | 1.82 [1.33, 2.00] | 1.78 | 0.500 | accuracy_strict ↑ | {q} | "
-            f"0.000 [{nc[0]:.3f}, {nc[1]:.3f}] | 1.000 | – | – | – | 100.0 | ⚠") in md
+    # sd: authors' speedup 12/7 [4/3, 2] and tau 22/8 [8/3, 3] (test_sd_speedup_recomputed_from_samples);
+    # non-inferiority at 2 % of ar's 2/3: Newcombe's lower end at 90 % (the one-sided 95 % bound) is far
+    # below -0.0133 with n = 3, so it cannot be shown: "no"
+    assert (f"| sd k=2 | 3 | 4.00 | 2.00 | 1.82 [1.33, 2.00] | 1.71 [1.33, 2.00] | 2.75 [2.67, 3.00] | 0.500 | "
+            f"accuracy_strict ↑ | {q} | 0.000 [{nc[0]:.3f}, {nc[1]:.3f}] | 1.000 | – | no | – | – | 100.0 | ⚠") in md
+    ni = runs["sd-k2-T0-p1-n8-s0"].stats["quality_vs_ar"]["accuracy_strict"]["noninferiority"]
+    assert ni["bound"] == pytest.approx(S.newcombe_paired(2, 0, 0, 1, 0.90)[0]) and ni["passes"] is False
+    assert ni["margin"] == pytest.approx(0.02 * 2 / 3) and "NI 2% vs ar" in md
     # mars θ=0.9: quality 0.500 is the stale summary's (2 samples): no interval; tests are over the 3 samples
     nc = S.newcombe_paired(1, 0, 1, 1, 0.95)
     mde = (norm.ppf(0.975) + norm.ppf(0.8)) * math.sqrt((1 / 3 - 1 / 9) / 3)   # b + c = 1 of n = 3
-    assert (f"| mars θ=0.9 k=2 | 3 | 5.50 [4.00, 8.00] | 2.44 [2.00, 3.00] | 2.50 [2.00, 4.00] | 2.67 | 0.722 | "
-            f"accuracy_strict ↑ | 0.500 | -0.333 [{nc[0]:.3f}, {nc[1]:.3f}] | 1.000 | {mde:.3f} |") in md
+    # authors' speedup: tokens/s 8, 6, 4 over ar's 2, 3, 2: only q0 (1/27) gives 8/2 = 4; q1 and q2 alike give
+    # 2, and resamples of those only have prob 8/27 -> [2, 4]; authors' tau 8/2, 6/1, 8/3 per sample: only q1
+    # (1/27) gives 6, only q2 (1/27) gives 8/3 -> [2.67, 6.00]
+    assert (f"| mars θ=0.9 k=2 | 3 | 5.50 [4.00, 8.00] | 2.44 [2.00, 3.00] | 2.50 [2.00, 4.00] | 2.57 [2.00, 4.00] | "
+            f"3.67 [2.67, 6.00] | 0.722 | accuracy_strict ↑ | 0.500 | -0.333 [{nc[0]:.3f}, {nc[1]:.3f}] | 1.000 | "
+            f"{mde:.3f} | no |") in md
     assert "stopped at max_new_tokens (> 5%)" in md                   # every fixture sample hit n = 8
     qt = {(row["label"], row["metric"], row["vs"][:2]): row for row in t["quality"].rows}
     assert set(qt) == {(m, k, v) for m in ("sd k=2", "mars θ=0.8 k=2", "mars θ=0.9 k=2")
@@ -182,7 +213,8 @@ def test_tables_by_hand(runs):
         if name != "acceptance":
             assert R.SPEEDUP_DEFINITION in table.caption, name
     rows = list(csv.DictReader(io.StringIO(t["main"].to_csv())))
-    assert float(rows[2]["speedup_mean"]) == pytest.approx(8 / 3)
+    assert float(rows[2]["speedup_authors"]) == pytest.approx(18 / 7)
+    assert float(rows[2]["tau_authors"]) == pytest.approx(22 / 6)
     assert (float(rows[2]["speedup_lo"]), float(rows[2]["speedup_hi"])) == pytest.approx((2.0, 4.0))
     assert float(rows[2]["p_d_ar"]) == 1.0 and rows[0]["speedup_lo"] == ""   # ar: speedup 1 by definition
     assert "truncated line" in rows[2]["notes"]
@@ -202,7 +234,9 @@ def test_r_values_by_hand(runs):
 def test_cli_writes_tables_and_figures(tmp_path, capsys):
     assert main([str(FIX), "--out", str(tmp_path / "rep")]) == 0
     out, err = capsys.readouterr()
-    assert out.startswith("**Table 1.**") and "| mars θ=0.9 k=2 |" in out
+    assert "mars θ=0.9" in out                                   # the console comparison (report.console)
+    md = (tmp_path / "rep" / "tables" / "main.md").read_text()
+    assert md.startswith("**Table 1.**") and "| mars θ=0.9 k=2 |" in md
     assert "mars-k2-th0.8-T0-p1-n8-s0/samples.jsonl:2:" in err and "truncated line" in err
     for name in ("main", "theta", "fidelity", "acceptance", "quality"):
         for ext in ("md", "csv", "tex"):

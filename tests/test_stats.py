@@ -209,11 +209,21 @@ def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
             t = st[vs][metric]
             assert {"delta", "lo", "hi", "p_value", "mde", "n"} <= set(t) and t["n"] == 4
     assert on_disk["sd_run_dir"].endswith(run_tag(cfg_sd, max_new))
+    for key in ("tau_authors", "speedup_authors"):               # the authors' formulas, beside ours
+        assert st[key]["n"] == 4 and key in on_disk["definitions"] and "authors" in on_disk["definitions"][key]
+    assert st["speedup_authors"]["value"] == pytest.approx(on_disk["speedup"]["speedup_authors"])
+    assert on_disk["totals"]["tau_authors"] > on_disk["totals"]["tau"]           # idx = forwards - 1 per turn
+    ni, ni_base = st["quality_vs_ar"]["accuracy_strict"]["noninferiority"], st["quality_vs_ar"]["accuracy_strict"]["base"]
+    assert ni["margin_rel"] == 0.02 and ni["n"] == 4 and ni["margin"] == pytest.approx(0.02 * ni_base)
+    assert on_disk["metric_specs"]["accuracy_strict"] == {"higher": True, "test": "binary",
+                                                          "per_sample": "correct_strict"}
     shares = on_disk["stop_reasons"]
     assert shares["n"] == 4 and sum(shares[k] for k in ("max_new_tokens", "eos", "stop_string")) == pytest.approx(1)
     json.dumps(on_disk, allow_nan=False)
     values = summary_values(s)
     assert values["stats/speedup/lo"] == st["speedup"]["lo"] and "stats/quality_vs_ar/accuracy_strict/p_value" in values
+    assert values["authors_formula/speedup"] == st["speedup_authors"]["value"]
+    assert values["authors_formula/tau"] == st["tau_authors"]["value"]
     (mars,) = [r for r in load_runs(tmp_path) if r.method == "mars"]
     assert mars.stats == st and not any("computed from samples" in n for n in mars.notes)   # read, not redone
     main = {row["label"]: row for row in all_tables([mars] + [r for r in load_runs(tmp_path) if r.method != "mars"])

@@ -31,7 +31,7 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-GROUP_OVERRIDES = ([f"{g}={o}" for g in ("model", "method", "task", "logger", "rule") for o in options(g)]
+GROUP_OVERRIDES = ([f"{g}={o}" for g in ("model", "method", "task", "logger", "rule", "protocol") for o in options(g)]
                    + [f"+{g}={o}" for g in ("sweep", "experiment", "debug", "compare") for o in options(g)]
                    + [f"hydra/{g}={o}" for g in ("launcher", "callbacks") for o in options(f"hydra/{g}")])
 # jobs per sweep: theta 0.84..0.98 step 0.02 + 1.0 = 9; cpu_reproduction 4 tasks x 3 methods x 3 thetas
@@ -64,13 +64,14 @@ def test_every_config_composes_and_validates(hydra_ctx, override):
 def test_every_config_file_is_covered():
     groups = [p.parent.relative_to(CONF).as_posix() for p in CONF.rglob("*.yaml") if p.parent != CONF]
     assert set(groups) == {"model", "method", "rule", "task", "logger", "sweep", "experiment", "debug", "compare",
-                           "hydra/launcher", "hydra/callbacks"}
+                           "protocol", "hydra/launcher", "hydra/callbacks"}
 
 
 def test_paper_model_configs(hydra_ctx):
     q = compose("config", overrides=["model=qwen3_0.6b_32b"]).model
     assert (q.source, q.target, q.draft, q.dtype, q.device, q.device_map) == \
         ("hf", "Qwen/Qwen3-32B", "Qwen/Qwen3-0.6B", "bf16", "cuda", "auto")
+    assert q.enable_thinking is False   # the authors run Qwen3 with --disable-thinking
     m = compose("config", overrides=["model=llama31_8b_70b"]).model
     assert (m.target, m.draft, m.dtype, m.device_map) == \
         ("meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Llama-3.1-8B-Instruct", "bf16", "auto")

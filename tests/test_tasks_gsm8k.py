@@ -60,13 +60,15 @@ def test_score_and_aggregate():
     t = get_task("gsm8k")
     s = Sample(id="g/0", turns=["q"], reference="1234")
     a = t.score(s, ["First 1,000 then 234 more, total 1,234.00.\n#### 1,234.00"])
-    assert a == {"correct_strict": 1, "correct_flexible": 1, "pred_strict": "1234", "pred_flexible": "1234",
-                 "reference": "1234"}
+    assert a == {"correct_strict": 1, "correct_flexible": 1, "correct_authors": 1, "pred_strict": "1234",
+                 "pred_flexible": "1234", "pred_authors": "1234.00", "reference": "1234", "reference_authors": "1234"}
     b = t.score(s, ["I think it's $1,234."])
     assert (b["correct_strict"], b["correct_flexible"], b["pred_strict"]) == (0, 1, None)
+    assert (b["correct_authors"], b["pred_authors"]) == (1, "1234")          # their fallback: the last number
     c = t.score(s, ["#### 1234\nActually, wait, it is 99"])
-    assert (c["correct_strict"], c["correct_flexible"]) == (1, 0)
+    assert (c["correct_strict"], c["correct_flexible"], c["correct_authors"]) == (1, 0, 1)   # their first '####'
     agg = t.aggregate([s] * 3, [a, b, c], [["x"]] * 3)
     assert agg["accuracy_strict"] == pytest.approx(2 / 3) and agg["accuracy_flexible"] == pytest.approx(2 / 3)
+    assert agg["accuracy_authors"] == 1.0
     assert agg["strict_format_rate"] == pytest.approx(2 / 3) and agg["n"] == 3
     assert set(agg) - {"n"} <= set(t.metric_directions)

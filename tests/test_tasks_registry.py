@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_registry_names():
-    assert set(TASKS) == {"gsm8k", "humaneval", "mt_bench", "wmt19_zh_en", "prompts"}
+    assert set(TASKS) == {"gsm8k", "humaneval", "mt_bench", "wmt19_zh_en", "alpaca", "cnn_dm", "qa", "prompts"}
 
 
 def test_unknown_task_is_one_line_listing_known_names():
@@ -26,7 +26,8 @@ def test_unknown_task_is_one_line_listing_known_names():
 
 
 @pytest.mark.parametrize("name,max_new", [("gsm8k", 512), ("humaneval", 512), ("mt_bench", 512),
-                                          ("wmt19_zh_en", 256), ("prompts", 64)])
+                                          ("wmt19_zh_en", 256), ("alpaca", 512), ("cnn_dm", 512), ("qa", 512),
+                                          ("prompts", 64)])
 def test_yaml_defaults(name, max_new):
     t = get_task(name)
     assert t.name == name and isinstance(t.version, int) and t.version >= 1
@@ -38,9 +39,10 @@ def test_yaml_defaults(name, max_new):
 
 def test_metric_directions_declared():
     assert get_task("gsm8k").metric_directions == {"accuracy_strict": "higher", "accuracy_flexible": "higher",
-                                                   "strict_format_rate": "higher"}
+                                                   "accuracy_authors": "higher", "strict_format_rate": "higher"}
     assert get_task("humaneval").metric_directions["pass@1"] == "higher"
-    assert get_task("wmt19_zh_en").metric_directions == {"bleu": "higher", "chrf": "higher"}
+    assert get_task("wmt19_zh_en").metric_directions == {"bleu": "higher", "chrf": "higher", "bleu_raw": "higher",
+                                                         "chrf_raw": "higher"}
     assert get_task("mt_bench").metric_directions["judge_score"] == "higher"
     assert get_task("prompts").metric_directions == {}
 

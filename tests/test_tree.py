@@ -211,6 +211,8 @@ def test_spec_from_method_and_bad_knobs():
     assert TreeSpec.from_method(Method("sd_tree")) == TreeSpec()
     m = type("M", (), {"depth": 6, "top_k": 10, "total_tokens": 50, "static_paths": None, "children": "topk"})
     assert TreeSpec.from_method(m) == TreeSpec(depth=6, top_k=10, total_tokens=50)
-    for bad in ({"top_k": 0}, {"total_tokens": 1}, {"depth": -1}, {"children": "beam"}):
-        with pytest.raises(ValueError, match=next(iter(bad))):
+    for bad in ({"top_k": 0}, {"total_tokens": 1}, {"depth": -1}, {"children": "beam"}, {"topk_q": "uniform"},
+                {"topk_q": "draft", "children": "sample"}):
+        with pytest.raises(ValueError, match=next(reversed(bad))) as e:
             TreeSpec(**bad)
+        assert "\n" not in str(e.value)

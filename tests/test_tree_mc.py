@@ -7,7 +7,8 @@ or drawn without replacement. Each run emits L tokens (several steps: accepted p
 and bonus tokens, with cache compaction in between); the empirical joint law of the L tokens is
 compared with the target's exact joint law by a chi-square test (fixed seeds: deterministic). The
 negative controls show the test fails for a lossy rule and for value-dependent pruning of sampled
-children.
+children. ``topk_q=draft`` (top-k children verified against the draft's probability, the MARS authors'
+code) is lossy: its first token follows their law, computed by hand from their evaluate_posterior.
 """
 import itertools
 
@@ -124,19 +125,55 @@ def test_chi_square_detects_a_lossy_rule():
     assert pvalue(counts, 1500) < 1e-6
 
 
-def test_chi_square_detects_draft_q_for_topk_children(monkeypatch):
-    """Negative control: verifying deterministic top-k children against the draft's own q (the MARS
-    authors' variant) instead of a point mass is lossy, and the test sees it."""
-    pick = tree_mod._pick
-
-    def pick_keeping_q(z, k, mode, cfg, gen):
-        toks, scores, _ = pick(z, k, mode, cfg, gen)
-        return toks, scores, sampling.warp(z, cfg.temperature, cfg.top_p)
-
-    monkeypatch.setattr(tree_mod, "_pick", pick_keeping_q)
-    monkeypatch.setattr(tree_mod.DraftTree, "child_q", lambda self, node, i, vocab, device: self.q[node])
-    counts, _ = run(TreeSpec(depth=1, top_k=2, total_tokens=5), 1.0, 1.0, 1500)
+def test_draft_q_for_topk_children_is_detected_as_lossy():
+    """``topk_q=draft`` (the MARS authors' non-relaxed tree test) on the generic tables: the same
+    chi-square that passes for onehot fails."""
+    counts, _ = run(TreeSpec(depth=1, top_k=2, total_tokens=5, topk_q="draft"), 1.0, 1.0, 1500)
     assert pvalue(counts, 1500) < 1e-6
+
+
+# The authors' non-relaxed path on a root with two top-k children. At the prompt the draft is
+# q = (.8, .15, .05), so the children are 0 then 1, and the target is p = (.1, .1, .8) from raw logits
+# (2, 2, 2 + ln 8), all positive with r = z2/z1 ~ .49, so no margin clause fires and mars = exact here.
+AUTHORS_DRAFT = DRAFT.clone()
+AUTHORS_DRAFT[1, 2] = torch.tensor([0.8, 0.15, 0.05]).log()
+AUTHORS_TARGET = TARGET.clone()
+AUTHORS_TARGET[1, 2] = torch.tensor([2.0, 2.0, 2.0 + torch.log(torch.tensor(8.0)).item()])
+AUTHORS_SPEC = dict(depth=0, top_k=2, total_tokens=3)
+
+
+def authors_first_token(p_target: list[float], children: list[int], q_child: list[float]) -> list[float]:
+    """The first committed token's law under the authors' evaluate_posterior (sampling branch, no
+    relaxation): for each child in order accept with min(1, px / qx); on rejection set
+    gtp[x] = max(0, px - qx) and renormalise; no child accepted -> a draw from gtp."""
+    law, alive, gtp = [0.0] * len(p_target), 1.0, list(p_target)
+    for x, qx in zip(children, q_child):
+        acp = min(1.0, gtp[x] / max(qx, 1e-10))
+        law[x] += alive * acp
+        alive *= 1.0 - acp
+        gtp[x] = max(0.0, gtp[x] - qx)
+        gtp = [g / sum(gtp) for g in gtp]
+    return [a + alive * g for a, g in zip(law, gtp)]
+
+
+@pytest.mark.parametrize("rule", ["exact", "mars"])
+@pytest.mark.parametrize("topk_q", ["onehot", "draft"])
+def test_topk_q_first_token_law(rule, topk_q):
+    """onehot: the first token follows p_target; draft: it follows the authors' law computed by hand
+    from their code, far from p_target (.125 / .648 / .227 vs .1 / .1 / .8), for every tree rule."""
+    n = 1200
+    target, draft = TrigramLM(AUTHORS_TARGET), TrigramLM(AUTHORS_DRAFT)
+    cfg = DecodeConfig(max_new_tokens=2, temperature=1.0, top_p=1.0)
+    spec = TreeSpec(**AUTHORS_SPEC, topk_q=topk_q)
+    first = [0] * V
+    for i in range(n):
+        res = generate_tree(target, draft, NoText(), PROMPT, Method("sd_tree", rule=rule), cfg, seed=i, tree=spec)
+        first[res.tokens[0]] += 1
+    p = [0.1, 0.1, 0.8]
+    authors = authors_first_token(p, [0, 1], [0.8, 0.15])
+    expect, other = (p, authors) if topk_q == "onehot" else (authors, p)
+    assert chisquare(first, [e * n for e in expect]).pvalue > 1e-3
+    assert chisquare(first, [o * n for o in other]).pvalue < 1e-12
 
 
 # At the prompt q = (.5, .3, .2) and the target is (.2, .48, .32): after a first child 0 is rejected the

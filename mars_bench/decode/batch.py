@@ -141,13 +141,15 @@ def _speculative_step(target, draft, rows: list[_Row], method: Method, rule: Rul
     """One draft-then-verify step for every row at once; returns each row's committed tokens.
 
     Per row b, exactly ``chain.speculative_step`` on its own sequence seq_b:
-    Draft:  d_1..d_m ~ q_draft(. | seq_b), m = m_b <= k_b = min(k, budget left - 1) (``_draft_batch``)
+    Draft:  d_1..d_m ~ q_draft(. | seq_b), m = m_b <= k_b = min(k, budget left - 1), or k under the
+            after_step budget rule (``_draft_batch``)
     Target: one batched forward; row b scores [seq_b[-1], d_1..d_m] -> raw logits z_0..z_m of its own
     Verify: ``verify_chain`` on row b's z and q with row b's generator: n_b accepted drafts, then the
             correction / bonus token. Rows commit different counts (ragged acceptance).
     Caches: row b of both caches is rolled back to seq_b + d_1..d_n (the newest token is fed next step).
     """
-    ks = [max(0, min(method.k, cfg.max_new_tokens - len(r.res.tokens) - 1)) for r in rows]
+    rooms = [cfg.draft_room(len(r.res.tokens)) for r in rows]   # exact: budget left - 1; after_step: no limit
+    ks = [method.k if room is None else max(0, min(method.k, room)) for room in rooms]
     drafts, qs = _draft_batch(draft, rows, ks, cfg, method.p_min)
     z = target.batch_forward([[r.seq[-1]] + d for r, d in zip(rows, drafts)])
     out, t_len, d_len = [], [], []

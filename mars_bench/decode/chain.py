@@ -82,7 +82,8 @@ def generate_chain(target, draft, tokenizer, prompt: list[int], method: Method, 
     while stop is None:
         start = len(new)
         if spec:
-            k = min(method.k, cfg.max_new_tokens - len(new) - 1)
+            room = cfg.draft_room(len(new))     # exact: never draft past the budget; after_step: whole k
+            k = method.k if room is None else min(method.k, room)
             committed, v, m = speculative_step(target, draft, seq, k, rule, cfg, gen, method.p_min, **settings)
             res.proposed.append(m)
             res.accepted.append(v.n_accepted)

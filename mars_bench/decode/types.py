@@ -17,6 +17,12 @@ DRAFT_MODEL = ("sd", "sd_tree")        # schemes that need a separate draft mode
 PRESETS = {"mars": ("sd", "mars"), "mars_tree": ("sd_tree", "mars"), "eagle3_mars": ("eagle3", "mars")}
 METHOD_NAMES = SCHEMES + tuple(PRESETS)   # what `method=` accepts (conf/method/<name>.yaml)
 DEFAULT_K = 4                          # chains: most drafts per step (the schema's default too)
+# How max_new_tokens ends a decode: exact = cut at the budget (drafts are shortened to fit it);
+# after_step = the authors' rule (5SSjw/MARS ea_model.eagenerate / naivegenerate: `if new_token >
+# max_new_tokens: break` after each step): whole steps are committed, drafts are never shortened, and
+# decoding stops after the first step that takes the output past the budget, so a step may end up to
+# (its committed tokens: longest draft + 1) past it; ar, one token a step, ends at max_new_tokens + 1.
+BUDGET_RULES = ("exact", "after_step")
 
 
 def resolve(name: str, rule: str | None) -> tuple[str, str]:
@@ -39,6 +45,16 @@ class DecodeConfig:
     top_p: float = 1.0              # nucleus filtering of p_target and q_draft (sampling only)
     eos_ids: tuple[int, ...] = ()   # stop after emitting any of these (kept in the output)
     stop_strings: tuple[str, ...] = ()  # stop after the token that completes one (kept)
+    budget: str = "exact"           # how max_new_tokens ends a decode: a name in BUDGET_RULES
+
+    def __post_init__(self):
+        if self.budget not in BUDGET_RULES:
+            raise ValueError(f"budget={self.budget!r}; allowed: {', '.join(BUDGET_RULES)}")
+
+    def draft_room(self, emitted: int) -> int | None:
+        """Most drafts a step may propose after ``emitted`` tokens: budget left - 1 (the step's own
+        target token) under ``exact``; None (no limit) under ``after_step``."""
+        return self.max_new_tokens - emitted - 1 if self.budget == "exact" else None
 
 
 @dataclass(frozen=True)
@@ -85,7 +101,8 @@ class DecodeResult:
 
 
 class Stopper:
-    """Identical stop conditions for every method: EOS ids, stop strings, max_new_tokens."""
+    """Identical stop conditions for every method: EOS ids, stop strings, max_new_tokens (cut at it, or
+    after the step that passes it: ``DecodeConfig.budget``)."""
 
     def __init__(self, tokenizer, cfg: DecodeConfig):
         self.tok, self.cfg, self.eos = tokenizer, cfg, set(cfg.eos_ids)
@@ -104,8 +121,10 @@ class Stopper:
                     return i + 1, "stop_string"
         if reason:
             return end, reason
-        if len(new) >= self.cfg.max_new_tokens:
+        if self.cfg.budget == "exact" and len(new) >= self.cfg.max_new_tokens:
             return self.cfg.max_new_tokens, "max_new_tokens"
+        if self.cfg.budget == "after_step" and len(new) > self.cfg.max_new_tokens:
+            return len(new), "max_new_tokens"
         return None
 
     def _hit(self, ids) -> bool:

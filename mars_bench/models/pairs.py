@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,6 +24,12 @@ class Pair:
     tokenizer: Any
     target_path: str = ""
     draft_path: str = ""
+    chat_kwargs: dict = field(default_factory=dict)   # extra apply_chat_template arguments (chat_template_kwargs)
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """The token ids of a chat, ending with the assistant's generation prompt."""
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False,
+                                                  **self.chat_kwargs)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -44,6 +50,21 @@ def check_tokenizers(target_tok, draft_tok) -> None:
     raise TokenizerMismatch(
         f"draft tokenizer differs from the target's ({len(tv)} vs {len(dv)} tokens; e.g. {tok!r}: "
         f"target id {tv.get(tok)}, draft id {dv.get(tok)}); allowed: a draft with the target's tokenizer")
+
+
+def chat_template_kwargs(tokenizer, enable_thinking: bool | None, name: str) -> dict:
+    """Extra apply_chat_template arguments for ``model.enable_thinking`` (null: none, the template's default).
+    A template that never reads ``enable_thinking`` would ignore it silently: bad input, one line."""
+    if enable_thinking is None:
+        return {}
+    from ..config import ConfigError
+
+    template = tokenizer.chat_template
+    text = " ".join(template.values()) if isinstance(template, dict) else (template or "")
+    if "enable_thinking" not in text:
+        raise ConfigError(f"model.enable_thinking={str(enable_thinking).lower()}: the chat template of {name} has "
+                          "no enable_thinking switch; allowed for this model: null")
+    return {"enable_thinking": bool(enable_thinking)}
 
 
 def _paths(mcfg) -> tuple[str, str | None]:
@@ -76,19 +97,21 @@ def load_pair(mcfg, need_draft: bool = True) -> Pair:
     pair = _LOADED.get(key)
     if pair is None:
         if mcfg.source == "tiny":
-            from .tiny import tiny_pair
+            from .tiny import tiny_pair, tiny_tokenizer
 
+            chat = chat_template_kwargs(tiny_tokenizer(), mcfg.get("enable_thinking"), "tiny")   # before any weights
             target, _, tok = tiny_pair(seed=mcfg.seed, noise=mcfg.noise, dtype=dtype)
             t_path = d_path = "tiny"
         else:
             from transformers import AutoModelForCausalLM
 
             tok, t_path, d_path = load_tokenizers(mcfg)
+            chat = chat_template_kwargs(tok, mcfg.get("enable_thinking"), t_path)   # before any weights
             kw = {"dtype": dtype, **({"device_map": mcfg.device_map} if mcfg.device_map else {})}
             log.info("loading target %s", t_path)
             target = AutoModelForCausalLM.from_pretrained(t_path, **kw)
         target = _prepare(target if mcfg.device_map else target.to(device), mcfg, device)
-        pair = _LOADED[key] = Pair(CausalLMAdapter(target, name=t_path), None, tok, t_path, d_path or "")
+        pair = _LOADED[key] = Pair(CausalLMAdapter(target, name=t_path), None, tok, t_path, d_path or "", chat)
     if need_draft and pair.draft is None and pair.draft_path:   # e.g. an ar job ran first
         if mcfg.source == "tiny":
             from .tiny import tiny_pair

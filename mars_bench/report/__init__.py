@@ -2,8 +2,9 @@
 
     mars-bench-report [ROOT ...] [--out DIR] [--theta 0.9] [--no-figures]
 
-prints the main table (markdown) to stdout and writes every table (``.md``, ``.csv``, ``.tex``) and figure
-(``.png``, ``.pdf``) to ``<first ROOT>/report/`` (or ``--out``), with ``report.md`` linking them all.
+prints a compact comparison per settings group to stdout (``console.py``: shared settings once, then method,
+n, tokens/s, tau, speedup, quality and its paired delta vs ar; 120 columns unless a terminal) and writes
+every table (``.md``, ``.csv``, ``.tex``) and figure (``.png``, ``.pdf``) to ``<first ROOT>/report/`` (or ``--out``), with ``report.md`` linking them all.
 Problems found while reading (corrupt or truncated sample lines) go to stderr and are marked in the tables.
 Every number with uncertainty is shown as ``value [lo, hi]`` (95% CI), quality deltas with their p-value,
 n and MDE, and runs with more than 5% of samples cut at max_new_tokens are flagged (``mars_bench.stats``).
@@ -19,12 +20,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from .console import print_console, render
 from .figures import group_figures, make_figures
 from .load import DEFAULT_THETA, Run, groups, load_runs, problems
 from .tables import Table, all_tables, write_tables
 
 __all__ = ["Run", "Table", "all_tables", "group_figures", "groups", "load_runs", "main", "make_figures",
-           "problems", "write_report", "run_figures"]
+           "print_console", "problems", "render", "write_report", "run_figures"]
 
 
 def write_report(roots, out: str | Path | None = None, theta: float = DEFAULT_THETA,
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if not res["runs"]:
         print(f"mars-bench-report: no runs found under {', '.join(args.roots)}", file=sys.stderr)
         return 1
-    print(res["tables"]["main"].to_markdown())
+    print_console(res["runs"], args.theta)
     n_fig = sum(p.suffix == ".png" for p in res["paths"])
     print(f"mars-bench-report: {len(res['runs'])} runs; wrote {len(res['tables'])} tables (md, csv, tex) and "
           f"{n_fig} figures (png, pdf) to {res['out']} (index: {res['out'] / 'report.md'})", file=sys.stderr)

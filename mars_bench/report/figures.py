@@ -3,10 +3,14 @@
 One figure per settings group (model pair, task, T, p, n, seed); each function returns a ``Figure``
 (or None when the group lacks the runs it needs); ``make_figures`` writes PNG and PDF files.
 
-    speedup_tau(group)         speedup over ar (both definitions) and tau per method
-    theta_sensitivity(group)   speedup, tau and quality vs theta, sd (lossless) as a reference line
+    speedup_tau(group)         speedup over ar (ours; the authors' formula as a marker) and tau per method
+    theta_sensitivity(group)   speedup, tau and the paired quality change vs ar against theta, sd (lossless)
+                               as a reference line, the non-inferiority margin and the most aggressive
+                               theta that passes it
     fidelity_vs_theta(group)   agreement with ar outputs vs theta, sd as a reference line
     acceptance_by_depth(group) acceptance rate per draft position
+    rules_frontier(group)      speedup against the paired quality change vs ar and against chrF to ar,
+                               one line per lossy rule through its knob
     r_distribution(run), z1_histogram(run)   from .logits (paper Fig. 1d and Fig. 4a)
 """
 from __future__ import annotations
@@ -68,7 +72,7 @@ def speedup_tau(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None
     colors = [COLORS.get(r.method, "#ff7f0e" if r.relaxed else "#17becf") for r in runs]
     hatch = ["//" if r.relaxed and r.theta == theta else "" for r in runs]
     sp = [1.0 if r.method == "ar" else (r.speedup or {}).get("speedup") for r in runs]
-    mean = [1.0 if r.method == "ar" else (r.speedup or {}).get("speedup_mean_ratio") for r in runs]
+    mean = [1.0 if r.method == "ar" else (r.speedup or {}).get("speedup_authors") for r in runs]
     tau = [r.totals.get("tau") for r in runs]
     sp_ci = [None if r.method == "ar" else _ci(r, "speedup") for r in runs]
     tau_ci = [_ci(r, "tau") for r in runs]
@@ -76,8 +80,9 @@ def speedup_tau(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None
            label="ratio of total tokens/s (bar)")
     a1.errorbar(x, [v or 0 for v in sp], yerr=_yerr(sp, sp_ci), fmt="none", ecolor="k", capsize=4, lw=1,
                 label="95% CI (paired bootstrap)")
-    a1.scatter([i for i, v in zip(x, mean) if v is not None], [v for v in mean if v is not None], marker="D",
-               color="k", zorder=3, s=22, label="mean of per-sample ratios (◆)")
+    if any(v is not None for r, v in zip(runs, mean) if r.method != "ar"):
+        a1.scatter([i for i, v in zip(x, mean) if v is not None], [v for v in mean if v is not None], marker="D",
+                   color="k", zorder=3, s=22, label="authors' formula (◆): mean tokens/s over ar's")
     a1.axhline(1.0, color=COLORS["ar"], ls="--", lw=1, label="ar = 1×")
     top = max([v or 0 for v in sp + mean] + [c[1] for c in sp_ci if c] + [1.0])
     for i, (v, m, c) in enumerate(zip(sp, mean, sp_ci)):
@@ -151,8 +156,10 @@ def theta_sensitivity(group: list[Run], theta: float = DEFAULT_THETA) -> Figure 
     th = [r.theta for _, runs, _ in series for r in runs]
     _panel(a1, series, refs, lambda r: (r.speedup or {}).get("speedup"), ci=lambda r: _ci(r, "speedup"))
     for label, runs, color in series:
-        a1.plot([r.theta for r in runs], [(r.speedup or {}).get("speedup_mean_ratio") or float("nan") for r in runs],
-                "D:", color=color, ms=4, label=f"{label}: mean of per-sample speedups")
+        authors = [(r.speedup or {}).get("speedup_authors") for r in runs]
+        if any(v is not None for v in authors):
+            a1.plot([r.theta for r in runs], [float("nan") if v is None else v for v in authors],
+                    "D:", color=color, ms=4, label=f"{label}: authors' speedup formula")
     a1.axhline(1.0, color=COLORS["ar"], ls="-.", lw=1, label="ar = 1×")
     a1.set_ylabel("speedup over ar (×)")
     a1.set_title("speedup vs θ")
@@ -162,22 +169,14 @@ def theta_sensitivity(group: list[Run], theta: float = DEFAULT_THETA) -> Figure 
     first = series[0][1]
     runs_all = [r for _, runs, _ in series for r in runs] + [r for _, r, _ in refs]
     metric = next((headline_metric(r) for r in runs_all if headline_metric(r)), None)
-    if metric:
+    if metric and any(delta_vs_ar(r, metric) is not None for r in runs_all):
+        _delta_panel(a3, series, refs, metric, first[0].metric_directions.get(metric))
+    elif metric:   # no paired test vs ar (no ar run beside them): absolute quality
         arrow = ARROW.get(first[0].metric_directions.get(metric), "")
         _panel(a3, series, refs, lambda r: r.quality.get(metric),
                annotate=lambda r: f"n={r.quality.get('n', r.n_samples)}", ci=lambda r: quality_ci(r, metric))
-        ar = next((r for r in group if r.method == "ar" and r.quality.get(metric) is not None), None)
-        if ar is not None:
-            a3.axhline(ar.quality[metric], color=COLORS["ar"], ls="-.", lw=1.5, label="ar (quality)")
-            if quality_ci(ar, metric):
-                a3.axhspan(*quality_ci(ar, metric), color=COLORS["ar"], alpha=0.12, lw=0)
-        sig = [(r.theta, r.quality[metric]) for _, runs, _ in series for r in runs
-               if r.quality.get(metric) is not None and (quality_p(r, metric) or 1.0) < 1 - _level(r)]
-        if sig:
-            a3.scatter(*zip(*sig), marker="*", s=160, color="#d62728", zorder=4,
-                       label="differs from ar (p < 0.05, paired test)")
         a3.set_ylabel(f"{metric} ({arrow} better)")
-        a3.set_title("quality vs θ (n = samples scored; bars: 95% CI)")
+        a3.set_title("quality vs θ (no ar run: no paired Δ; bars: 95% CI)")
     else:   # no quality metric (e.g. the prompts set): acceptance instead
         _panel(a3, series, refs, lambda r: r.totals.get("acceptance_rate"))
         a3.set_ylabel("acceptance rate (accepted / proposed drafts)")
@@ -189,6 +188,69 @@ def theta_sensitivity(group: list[Run], theta: float = DEFAULT_THETA) -> Figure 
     _shared_legend(fig, (a1, a2, a3))
     _suptitle(fig, f"θ sensitivity of mars ({_n_label(runs_all)}, error bars: 95% CI)", first[0])
     return fig
+
+
+def _test_vs_ar(run: Run, metric: str) -> dict:
+    return ((run.stats or {}).get("quality_vs_ar") or {}).get(metric) or {}
+
+
+def delta_vs_ar(run: Run, metric: str) -> float | None:
+    """The paired quality change of ``metric`` (run - ar on the same samples); None without a paired test."""
+    return _test_vs_ar(run, metric).get("delta")
+
+
+def delta_ci(run: Run, metric: str) -> tuple[float, float] | None:
+    t = _test_vs_ar(run, metric)
+    return (t["lo"], t["hi"]) if t.get("lo") is not None and t.get("hi") is not None else None
+
+
+def _noninferiority(run: Run, metric: str) -> dict:
+    return _test_vs_ar(run, metric).get("noninferiority") or {}
+
+
+def ni_margin(runs: list[Run], metric: str) -> tuple[float, float | None] | None:
+    """(margin, margin_rel) of the group's non-inferiority tests (one ar score, so one margin); None if absent."""
+    return next(((ni["margin"], ni.get("margin_rel")) for r in runs for ni in [_noninferiority(r, metric)]
+                 if ni.get("margin") is not None), None)
+
+
+def most_aggressive_passing(runs: list[Run], metric: str) -> Run | None:
+    """The lowest θ (the most relaxation) whose paired test passes non-inferiority; None when none does."""
+    ok = [r for r in runs if _noninferiority(r, metric).get("passes") is True]
+    return min(ok, key=lambda r: r.theta, default=None)
+
+
+def _zero_and_margin(ax, runs: list[Run], metric: str, direction: str | None) -> None:
+    """ar's line (Δ = 0) and, when the tests carry one, the non-inferiority margin on the worse side."""
+    ax.axhline(0.0, color=COLORS["ar"], ls="-.", lw=1.5, label="ar (Δ = 0)")
+    margin = ni_margin(runs, metric)
+    if margin is not None:
+        worse = margin[0] if direction == "lower" else -margin[0]
+        rel = "" if margin[1] is None else f", {100 * margin[1]:g}% of ar's score"
+        ax.axhline(worse, color="#d62728", ls=":", lw=1.5, label=f"non-inferiority margin (Δ = {worse:+.3g}{rel})")
+
+
+def _delta_panel(ax, series, refs, metric: str, direction: str | None) -> None:
+    """Paired Δ vs ar per θ with its 95% CI (what the statistics test), ar's zero line, the margin, the
+    significant differences and, per family, the most aggressive θ that passes non-inferiority."""
+    _panel(ax, series, refs, lambda r: delta_vs_ar(r, metric),
+           annotate=lambda r: f"n={_test_vs_ar(r, metric).get('n', r.n_samples)}", ci=lambda r: delta_ci(r, metric))
+    _zero_and_margin(ax, [r for _, rs, _ in series for r in rs] + [r for _, r, _ in refs], metric, direction)
+    sig = [(r.theta, delta_vs_ar(r, metric)) for _, rs, _ in series for r in rs
+           if delta_vs_ar(r, metric) is not None and (quality_p(r, metric) or 1.0) < 1 - _level(r)]
+    if sig:
+        ax.scatter(*zip(*sig), marker="*", s=160, color="#d62728", zorder=4,
+                   label="differs from ar (p < 0.05, paired test)")
+    for _, rs, _ in series:
+        best = most_aggressive_passing(rs, metric)
+        if best is not None:
+            y = delta_vs_ar(best, metric)
+            ax.scatter([best.theta], [y], s=260, facecolors="none", edgecolors="#2ca02c", lw=2.2, zorder=5,
+                       label="most aggressive θ passing non-inferiority")
+            ax.annotate(f"θ={best.theta:g} passes", (best.theta, y), fontsize=7, color="#2ca02c", ha="right",
+                        xytext=(-6, -12), textcoords="offset points")
+    ax.set_ylabel(f"Δ {metric} vs ar (paired; {ARROW.get(direction, '')} better)")
+    ax.set_title("quality change vs θ (paired Δ vs ar, 95% CI)")
 
 
 def _level(run: Run) -> float:
@@ -271,7 +333,8 @@ def acceptance_by_depth(group: list[Run], theta: float = DEFAULT_THETA) -> Figur
 
 
 def rules_frontier(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:
-    """Verification rules side by side: speedup over ar (x) against quality and against fidelity (chrF
+    """Verification rules side by side: speedup over ar (x) against the paired quality change vs ar (with
+    the non-inferiority margin; absolute quality when no run has a paired test) and against fidelity (chrF
     to ar) (y), one line per lossy rule through its sweep knob's values, the lossless run as the
     reference point; error bars are the stored 95% CIs. Drawn when the group holds >= 2 lossy rules."""
     lossy = [r for r in group if r.relaxed and r.sweep_value is not None]
@@ -283,8 +346,14 @@ def rules_frontier(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | N
     refs = [r for r in group if r.lossless and r.rt.scheme == lossy[0].rt.scheme]
     metric = next((headline_metric(r) for r in lossy if headline_metric(r)), None)
     fig, axes = _new(2 if metric else 1, width=5.6, height=4.8)
-    panels = ([(axes[0], lambda r: r.quality.get(metric), lambda r: quality_ci(r, metric),
-                f"{metric} ({ARROW.get(lossy[0].metric_directions.get(metric), '')} better)")] if metric else [])
+    direction = lossy[0].metric_directions.get(metric)
+    paired = metric is not None and any(delta_vs_ar(r, metric) is not None for r in lossy + refs)
+    if paired:
+        panels = [(axes[0], lambda r: delta_vs_ar(r, metric), lambda r: delta_ci(r, metric),
+                   f"Δ {metric} vs ar (paired; {ARROW.get(direction, '')} better)")]
+    else:
+        panels = ([(axes[0], lambda r: r.quality.get(metric), lambda r: quality_ci(r, metric),
+                    f"{metric} ({ARROW.get(direction, '')} better)")] if metric else [])
     panels.append((axes[-1], lambda r: ((r.fidelity or {}).get("aggregate") or {}).get("mean_chrf_to_ar"),
                    lambda r: _fidelity_ci(r, "mean_chrf_to_ar"), "chrF to the ar output (100 = identical)"))
     sp = lambda r: (r.speedup or {}).get("speedup")  # noqa: E731
@@ -305,7 +374,9 @@ def rules_frontier(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | N
                 ax.errorbar([xv], [yv], xerr=_yerr([xv], [_ci(r, "speedup")]), yerr=_yerr([yv], [yci(r)]), fmt="*",
                             ms=13, color=REF_PALETTE[j % len(REF_PALETTE)], capsize=3, label=f"{r.label} (lossless)")
         ar = next((r for r in group if r.method == "ar" and y(r) is not None), None)
-        if ar is not None and ax is not axes[-1]:
+        if paired and ax is not axes[-1]:
+            _zero_and_margin(ax, lossy + refs, metric, direction)
+        elif ar is not None and ax is not axes[-1]:
             ax.axhline(y(ar), color=COLORS["ar"], ls="-.", lw=1.2, label="ar (quality)")
             if yci(ar):
                 ax.axhspan(*yci(ar), color=COLORS["ar"], alpha=0.12, lw=0)

@@ -12,8 +12,9 @@ with ``samples.jsonl`` (one record per finished sample), ``summary.json`` and ``
   the summary lacks them or is stale and the matching ``ar-...`` sibling (same T, p, n, seed) exists.
 * Intervals and paired tests (``Run.stats``, see ``mars_bench.stats``) and stop-reason shares
   (``Run.stop_reasons``) come from summary.json; where it has none or they are stale (old results, merged
-  workers) they are computed from samples with ``summary.run_stats`` and the run says so. BLEU / chrF need
-  the task's references, which results files do not hold: those stay untested, with a note.
+  workers) they are computed from samples with ``summary.run_stats`` and the run says so, each metric tested
+  as registered (summary.json's ``metric_specs``, else the task's task.yaml). BLEU / chrF need the task's
+  references, which results files do not hold: those stay untested, with a note.
 """
 from __future__ import annotations
 
@@ -251,6 +252,8 @@ def _load_one(key: tuple, dirs: list[Path]) -> Run:
     summary_n = (s or {}).get("totals", {}).get("n_samples")
     if s is not None and (not has_samples or summary_n == len(records)):
         run.totals = dict(s["totals"])
+        if records and "tau_authors" not in run.totals:   # a summary written before the authors' tau
+            run.totals.update({k: v for k, v in R.totals(records).items() if k in ("idx_authors", "tau_authors")})
         run.speedup, run.fidelity = s.get("speedup"), s.get("fidelity")
         if not has_samples:
             run.notes.append("no samples.jsonl: numbers from summary.json only")
@@ -303,7 +306,8 @@ def _compare_with_ar(run: Run, ar: Run | None) -> None:
     ar_ids = {r["id"] for r in ar.records}
     n_common = sum(r["id"] in ar_ids for r in run.records)
     fid_n = ((run.fidelity or {}).get("aggregate") or {}).get("n")
-    if run.speedup is not None and run.speedup.get("n_common") == n_common and fid_n == n_common:
+    if run.speedup is not None and run.speedup.get("n_common") == n_common and fid_n == n_common \
+            and "speedup_authors" in run.speedup:
         return
     from ..summary import fidelity_vs_ar
 
@@ -321,10 +325,25 @@ def _sd_sibling(run: Run, index: dict) -> Run | None:
     return x if x is not None and x.records else None
 
 
+def registered_metrics(run: Run) -> dict:
+    """The run's metric registration (name -> summary.Paired): summary.json's ``metric_specs``, else the
+    task's registration in this checkout (task.yaml), else none (results from a task unknown here)."""
+    from ..summary import from_registration
+    from ..tasks.base import load_spec
+
+    stored = (run.summary or {}).get("metric_specs")
+    if stored is not None:
+        return from_registration(stored)
+    try:
+        return from_registration(load_spec(run.task)["metrics"])
+    except ValueError:   # a task this checkout does not know, or a task.yaml it cannot read
+        return {}
+
+
 def _attach_stats(run: Run, ar: Run | None, sd: Run | None) -> None:
     """Run.stats / Run.stop_reasons from summary.json when current, else (parts) from samples."""
     from .. import stats as S
-    from ..summary import PAIRED_METRICS, quality_tests, run_stats, stop_reasons
+    from ..summary import authors_speedup_ci, quality_tests, run_stats, stop_reasons
 
     s = run.summary or {}
     stored = s.get("stats")
@@ -339,9 +358,11 @@ def _attach_stats(run: Run, ar: Run | None, sd: Run | None) -> None:
         if stored is None:
             run.notes.append("no intervals: summary.json has none and there are no samples")
         return
-    metrics = list(run.quality) or list(run.metric_directions) or [   # no summary anywhere: what the scores hold
-        m for m, (kind, get) in PAIRED_METRICS.items() if kind != "corpus"
-        and any(get(r.get("score") or {}) is not None for r in run.records)]
+    reg = registered_metrics(run)
+    names = list(run.quality) or list(run.metric_directions) or [   # no summary anywhere: what the scores hold
+        m.name for m in reg.values() if not m.corpus and any(m.get(r.get("score") or {}) is not None
+                                                             for r in run.records)]
+    metrics = {k: reg[k] for k in names if k in reg}
     n_ar = sum(r["id"] in {x["id"] for x in ar.records} for r in run.records) if ar and ar.records else 0
     if not fresh:
         run.stats = run_stats(run.records, ar.records if ar and ar.records else None,
@@ -351,12 +372,19 @@ def _attach_stats(run: Run, ar: Run | None, sd: Run | None) -> None:
         return
     run.stats = dict(stored)
     redone = []
+    if "tau_authors" not in stored:   # a summary written before the authors' formulas were stored
+        run.stats["tau_authors"] = S.ratio_ci([r["new_tokens"] for r in run.records],
+                                              [R.authors_idx(r) for r in run.records], settings)
+        redone.append("the authors' tau")
     if ar and ar.records and (stored.get("speedup") or {}).get("n") != n_ar:
         fresh_ar = run_stats(run.records, ar.records, None, settings, metrics, fidelity=run.fidelity)
-        run.stats.update({k: fresh_ar[k] for k in ("speedup", "quality_vs_ar", "fidelity")})
-        redone.append("vs ar")
+        run.stats.update({k: fresh_ar[k] for k in ("speedup", "speedup_authors", "quality_vs_ar", "fidelity")})
+        redone.append("tests vs ar")
+    elif ar and ar.records and "speedup_authors" not in stored:
+        run.stats["speedup_authors"] = authors_speedup_ci(run.records, ar.records, settings)
+        redone.append("the authors' speedup")
     if sd is not None and stored.get("quality_vs_sd") is None:
         run.stats["quality_vs_sd"] = quality_tests(run.records, sd.records, metrics, settings)
-        redone.append("vs sd")
+        redone.append("tests vs sd")
     if redone:
-        run.notes.append(f"tests {' and '.join(redone)} computed from samples.jsonl by the report")
+        run.notes.append(f"{' and '.join(redone)} computed from samples.jsonl by the report")

@@ -1,6 +1,7 @@
 """Paper tables from ``Run`` objects, rendered as markdown, CSV and LaTeX.
 
-    main_table(runs)        speedup (two definitions) and tau per task per method
+    main_table(runs)        speedup and tau per task per method (ours and the authors' formulas), the mean
+                            over tasks, quality vs ar with its non-inferiority verdict
     theta_table(runs)       quality, tau, acceptance and speedup vs theta (sd as the lossless reference)
     fidelity_table(runs)    agreement with ar outputs vs theta
     acceptance_table(runs)  acceptance rate per draft position (depth)
@@ -18,11 +19,13 @@ from dataclasses import dataclass, field
 
 from .. import records as R
 from .. import stats as S
-from ..summary import PAIRED_METRICS
 from .load import DEFAULT_THETA, Run, groups
 
-MEAN_RATIO_DEFINITION = ("speedup (mean) = mean over samples of (tokens/s of the method / tokens/s of ar "
-                         "on the same sample), as in the authors' scripts")
+AUTHORS_DEFINITIONS = (f"Authors' formulas, shown beside ours, never instead: {R.SPEEDUP_AUTHORS_DEFINITION}; "
+                       f"{R.TAU_AUTHORS_DEFINITION}")
+NI_DEFINITION = ("NI = non-inferiority to ar of the quality metric: the one-sided 95% bound of Δ clears the "
+                 "margin declared before looking, margin = stats.ni_margin x |ar's score| (yes / no; – when "
+                 "untested)")
 ACCEPTANCE_DEFINITION = ("acceptance rate at depth i = accepted drafts at depth i / verification steps "
                          "that proposed a draft at depth i")
 ARROW = {"higher": "↑", "lower": "↓"}
@@ -148,9 +151,8 @@ def _test_cells(row: dict, key: str, t: dict | None) -> dict:
 
 def _quality_cells(row: dict, key: str, run: Run, metric: str) -> dict:
     """The run's quality (the task's aggregate) with its CI where the CI is over the same samples."""
-    v, est = run.quality.get(metric), ((run.stats or {}).get("quality") or {}).get(metric)
-    same = est and est.get("value") is not None and v is not None and abs(est["value"] - v) <= 1e-9 * max(1, abs(v))
-    return _put(row, key, est if same else None, value=v)
+    v = run.quality.get(metric)
+    return _put(row, key, _same(((run.stats or {}).get("quality") or {}).get(metric), v), value=v)
 
 
 def quality_ci(run: Run, metric: str) -> tuple[float, float] | None:
@@ -186,15 +188,38 @@ def headline_metric(run: Run) -> str | None:
 
 
 def _speed_cells(run: Run) -> dict:
+    """Speed columns: ours (tau, tokens/s, speedup) and the authors' formulas (tau_authors, speedup_authors;
+    none for ar itself, which their scripts only divide by), each with its CI where stored."""
     sp, st = run.speedup or {}, run.stats or {}
     cut = truncated_share(run)
     row = {"n": run.n_samples, "acceptance": run.totals.get("acceptance_rate"),
-           "speedup_mean": 1.0 if run.method == "ar" else sp.get("speedup_mean_ratio"),
            "truncated": None if cut is None else 100.0 * cut}
     _put(row, "tau", st.get("tau"), run.totals.get("tau"))
+    _put(row, "tau_authors", _same(st.get("tau_authors"), run.totals.get("tau_authors")),
+         run.totals.get("tau_authors"))
+    if run.method != "ar":
+        _put(row, "speedup_authors", _same(st.get("speedup_authors"), sp.get("speedup_authors")),
+             sp.get("speedup_authors"))
     _put(row, "tokens_per_s", st.get("tokens_per_s"), run.totals.get("tokens_per_s"))
     return _put(row, "speedup", None if run.method == "ar" else st.get("speedup"),
                 1.0 if run.method == "ar" else sp.get("speedup"))
+
+
+def _same(est: dict | None, value) -> dict | None:
+    """The stored estimate when it is of ``value`` (over the same samples), else None (no interval)."""
+    ok = est and est.get("value") is not None and value is not None \
+        and abs(est["value"] - value) <= 1e-9 * max(1, abs(value))
+    return est if ok else None
+
+
+def _ni_cell(t: dict | None) -> str | None:
+    ni = (t or {}).get("noninferiority") or {}
+    return {True: "yes", False: "no"}.get(ni.get("passes"))
+
+
+def _ni_header(runs: list[Run]) -> str:
+    margins = {((r.stats or {}).get("settings") or {}).get("ni_margin", S.StatsSettings.ni_margin) for r in runs}
+    return f"NI {100 * margins.pop():g}% vs ar" if len(margins) == 1 else "NI vs ar"
 
 
 def _base(run: Run) -> dict:
@@ -202,17 +227,26 @@ def _base(run: Run) -> dict:
             "method": run.method, "k": run.k, "theta": run.theta, "label": run.label}
 
 
+MEAN_KEYS = ("speedup", "tau", "speedup_authors", "tau_authors")   # averaged over tasks in the main table
+
+
 def main_table(runs: list[Run], theta: float = DEFAULT_THETA) -> Table:
-    """Speedup and tau per task per method. mars at ``theta`` (all thetas where that one is missing)."""
-    t = Table("Table 1", f"Speedup over ar and tau per task and method (mars at θ={theta:g}). {R.TAU_DEFINITION}. "
-              f"{R.SPEEDUP_DEFINITION}. {MEAN_RATIO_DEFINITION}. Quality: the task's first declared metric "
-              f"(↑ higher is better, ↓ lower); Δ = mars - ar (or - sd) on the same samples. {CI_DEFINITION}.",
+    """Speedup and tau per task per method, then their mean over the tasks present for the same model pair,
+    method and decoding settings (the paper's 'Mean' column). mars at ``theta`` (all thetas where that one
+    is missing)."""
+    t = Table("Table 1", f"Speedup over ar and tau per task and method (mars at θ={theta:g}); 'mean of N tasks' "
+              f"rows average each column over the tasks they name (same pair, method, T, p, seed). "
+              f"{R.TAU_DEFINITION}. {R.SPEEDUP_DEFINITION}. {AUTHORS_DEFINITIONS}. Quality: the task's first "
+              f"declared metric (↑ higher is better, ↓ lower); Δ = mars - ar (or - sd) on the same samples. "
+              f"{NI_DEFINITION}. {CI_DEFINITION}.",
               [("model", "model pair", ""), ("task", "task", ""), ("settings", "settings", ""),
                ("label", "method", ""), ("n", "n", "d"), ("tokens_per_s", "tokens/s", ".2f[]"),
                ("tau", "τ", ".2f[]"), ("speedup", "speedup (×)", ".2f[]"),
-               ("speedup_mean", "speedup mean (×)", ".2f"), ("acceptance", "accept. rate", ".3f"),
+               ("speedup_authors", "speedup, authors' formula (×)", ".2f[]"),
+               ("tau_authors", "τ, authors' formula", ".2f[]"), ("acceptance", "accept. rate", ".3f"),
                ("metric", "quality metric", ""), ("quality", "quality", ".3f[]"),
                ("d_ar", "Δ vs ar", ".3f[]"), ("p_d_ar", "p vs ar", "p"), ("mde_d_ar", "MDE", ".3f"),
+               ("ni", _ni_header(runs), ""),
                ("d_sd", "Δ vs sd", ".3f[]"), ("p_d_sd", "p vs sd", "p"),
                ("truncated", "truncated (%)", ".1f"), ("notes", "notes", "")])
     for group in groups(runs).values():
@@ -221,14 +255,36 @@ def main_table(runs: list[Run], theta: float = DEFAULT_THETA) -> Table:
             if r.relaxed and r.family in has_main and r.theta != theta:
                 continue
             m = headline_metric(r)
-            row = {**_base(r), **_speed_cells(r), "notes": _notes(t, r),
+            row = {**_base(r), **_speed_cells(r), "notes": _notes(t, r), "_task": r.task,
+                   "_across": (r.model_dir, r.temperature, r.top_p, r.seed, r.label),
                    "metric": f"{m} {ARROW.get(r.metric_directions.get(m), '')}".strip() if m else None}
             if m:
                 _quality_cells(row, "quality", r, m)
                 _test_cells(row, "d_ar", _tests(r, "ar").get(m))
                 _test_cells(row, "d_sd", _tests(r, "sd").get(m))
+                row["ni"] = _ni_cell(_tests(r, "ar").get(m))
             t.rows.append(row)
+    t.rows += mean_rows(t.rows)
     return t
+
+
+def mean_rows(rows: list[dict]) -> list[dict]:
+    """One row per (model pair, method, T, p, seed) present on >= 2 tasks: the mean over those tasks of each
+    of MEAN_KEYS (None unless every task has it), labelled with the tasks it averages."""
+    by: dict[tuple, list[dict]] = {}
+    for row in rows:
+        by.setdefault(row["_across"], []).append(row)
+    out = []
+    for key, rs in by.items():
+        tasks = sorted({r["_task"] for r in rs})
+        if len(tasks) < 2 or len(rs) != len(tasks):   # one row per task, else the mean would weigh one twice
+            continue
+        mean = {k: (sum(r[k] for r in rs) / len(rs) if all(r.get(k) is not None for r in rs) else None)
+                for k in MEAN_KEYS}
+        out.append({"model": rs[0]["model"], "task": f"mean of {len(tasks)} tasks ({', '.join(tasks)})",
+                    "settings": "; ".join(sorted({r["settings"] for r in rs})), "label": rs[0]["label"],
+                    "method": rs[0]["method"], **mean})
+    return out
 
 
 def _metrics(runs: list[Run]) -> list[str]:
@@ -239,6 +295,11 @@ def _metrics(runs: list[Run]) -> list[str]:
     return out
 
 
+def _tested(runs: list[Run], metric: str) -> bool:
+    """Whether any run holds a paired test of ``metric`` against ar (the task registered one)."""
+    return any(metric in _tests(r, "ar") for r in runs)
+
+
 def theta_table(runs: list[Run]) -> Table:
     """Quality, tau, acceptance and speedup vs theta; the sd run of the same settings is the reference."""
     chosen = [r for g in groups(runs).values() if any(x.relaxed for x in g) for r in g if r.method != "ar"]
@@ -247,16 +308,16 @@ def theta_table(runs: list[Run]) -> Table:
         directions.update(r.metric_directions)
     metrics = _metrics(chosen)
     t = Table("Table 2", "Theta sensitivity: mars at each θ and the lossless methods (sd, θ '–') on the same settings. "
-              f"{R.TAU_DEFINITION}. {R.SPEEDUP_DEFINITION}. {MEAN_RATIO_DEFINITION}. relaxed share = relaxed "
+              f"{R.TAU_DEFINITION}. {R.SPEEDUP_DEFINITION}. {AUTHORS_DEFINITIONS}. relaxed share = relaxed "
               f"acceptances / all accepted drafts. ↑ higher is better, ↓ lower. Δ = the method's quality - ar's "
               f"on the same samples. {CI_DEFINITION}.",
               [("model", "model pair", ""), ("task", "task", ""), ("settings", "settings", ""),
                ("label", "method", ""), ("theta", "θ", "g"), ("n", "n", "d"), ("tau", "τ", ".2f[]"),
                ("acceptance", "accept. rate", ".3f"), ("relaxed_share", "relaxed share", ".3f"),
-               ("speedup", "speedup (×)", ".2f[]"), ("speedup_mean", "speedup mean (×)", ".2f")]
+               ("speedup", "speedup (×)", ".2f[]"), ("speedup_authors", "speedup, authors' formula (×)", ".2f[]")]
               + [c for m in metrics for c in [(f"q:{m}", f"{m} {ARROW.get(directions.get(m), '')}".strip(), ".3f[]")]
                  + ([(f"d:{m}", f"Δ {m} vs ar", ".3f[]"), (f"p_d:{m}", "p", "p"), (f"mde_d:{m}", "MDE", ".3f")]
-                    if m in PAIRED_METRICS else [])]
+                    if _tested(chosen, m) else [])]
               + [("truncated", "truncated (%)", ".1f"), ("notes", "notes", "")])
     for r in chosen:
         acc = r.totals.get("n_accepted") or 0
@@ -282,7 +343,7 @@ def rules_table(runs: list[Run]) -> Table:
                ("label", "method", ""), ("n", "n", "d"), ("tau", "τ", ".2f[]"), ("speedup", "speedup (×)", ".2f[]")]
               + [c for m in metrics for c in [(f"q:{m}", m, ".3f[]")]
                  + ([(f"d:{m}", f"Δ {m} vs ar", ".3f[]"), (f"p_d:{m}", "p", "p"), (f"mde_d:{m}", "MDE", ".3f")]
-                    if m in PAIRED_METRICS else [])]
+                    if _tested(chosen, m) else [])]
               + [("chrf", "chrF to ar", ".1f[]"), ("identical", "identical to ar (%)", ".0f"),
                  ("truncated", "truncated (%)", ".1f"), ("notes", "notes", "")])
     for r in chosen:

@@ -1,4 +1,5 @@
-"""The four benchmarks of the paper (plus a tiny built-in prompt set), scored as the authors' code does.
+"""The benchmarks of the paper (GSM8K, HumanEval, MT-Bench, WMT19 zh-en; Alpaca, CNN/DM and QA from the authors'
+files) plus a tiny built-in prompt set; our scoring, with the authors' beside it where they differ.
 
     from mars_bench.tasks import get_task, TASKS, build_messages
     task = get_task("gsm8k", max_new_tokens=512)
@@ -6,18 +7,22 @@
 """
 from __future__ import annotations
 
-from .base import Sample, Task
+from .alpaca import Alpaca
+from .base import MetricSpec, Sample, Task
+from .cnn_dm import CnnDm
 from .data import DataError
 from .gsm8k import GSM8K
 from .humaneval import HumanEval
 from .mt_bench import MTBench
 from .prompts import Prompts
+from .qa import QA
 from .sandbox import sandbox_status
 from .wmt19 import WMT19ZhEn
 
-TASKS: dict[str, type[Task]] = {c.name: c for c in (GSM8K, HumanEval, MTBench, WMT19ZhEn, Prompts)}
+TASKS: dict[str, type[Task]] = {c.name: c for c in (GSM8K, HumanEval, MTBench, WMT19ZhEn, Alpaca, CnnDm, QA,
+                                                    Prompts)}
 
-__all__ = ["TASKS", "DataError", "Sample", "Task", "build_messages", "get_task", "sandbox_status"]
+__all__ = ["TASKS", "DataError", "MetricSpec", "Sample", "Task", "build_messages", "get_task", "sandbox_status"]
 
 
 def get_task(name: str, **cfg_overrides) -> Task:

@@ -67,6 +67,24 @@ PUBLIC: dict[str, PublicFile] = {
         "8c8ffef4353bf24a685208e8f3d2aa1597ea3b66e6e614d84c850a87303d3900", 2000),
 }
 
+# The MARS authors' evaluation files (5SSjw/MARS, mars/data/), byte for byte; gsm8k, sum and qa lack a final
+# newline (rows count the last line all the same).
+_MARS = _GH + "5SSjw/MARS/8909b411bcf69ef9876acf63366d5a72de32cd49/mars/data/"
+PUBLIC.update({
+    f"mars_release/{name}/question.jsonl": PublicFile(_MARS + f"{name}/question.jsonl", sha256, rows)
+    for name, sha256, rows in (
+        ("wmt19", "d80f77d68ad8e306c547cd47d5fb55f5ad4067ac2512aff46a84602f20dc34a6", 100),
+        ("gsm8k", "54e01fa336148bf0afb81491a477d002da9f6c2e18088b935c6fb8d418ce096e", 121),
+        ("humaneval", "382abeadf116ca4d5a33491090b3d7956622e312e66d635189fc67373a6edfed", 164),
+        ("mt_bench", "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7", 80),
+        ("alpaca", "8ad3e5a7fc61b88d8e25edb81a52a2ce00a04494d5694c122cb11a5cc26a00df", 80),
+        ("sum", "916876f0c42f938a944de96eed16e51425f29f27438cca5c9ef4737c0fedf771", 80),
+        ("qa", "04252e41ab00bcc03b11940b4a3766cf40ae0b76a09c4f56968ba952f0b029f3", 80),
+    )
+})
+PUBLIC["mars_release/judge_prompts.jsonl"] = PublicFile(
+    _MARS + "judge_prompts.jsonl", "fd283293406d024f44c174b094ef48031d0687a4682fd3a56b29b138f80281b6", 8)
+
 _TYPES = {"str": str, "int": int, "list": list, "dict": dict, "float": (int, float)}
 
 
@@ -231,13 +249,3 @@ def check_count(rows: list, expected: int | None, path: Any) -> None:
     if expected is not None and len(rows) != expected:
         raise DataError(path, f"expected {expected} rows, found {len(rows)}")
 
-
-def from_public(path: Path, source: str, fetch: Callable[[], Any]) -> Any:
-    """Call ``fetch`` (a lazy download from the public source); any failure is one DataError line."""
-    try:
-        return fetch()
-    except BaseException as e:  # noqa: BLE001 - sacrebleu's downloader calls sys.exit on failure
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        raise DataError(path, f"file not found, and the public source ({source}) failed: "
-                              f"{type(e).__name__}: {e}") from None

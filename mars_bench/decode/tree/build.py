@@ -22,7 +22,9 @@ path of child ranks from the root ([0] = best child of the root, [0, 1] = its se
 How children are chosen (``TreeSpec.children``; greedy decoding always uses ``topk`` on raw logits):
   topk    the top-k tokens of the draft's RAW logits (EAGLE; scores = log_softmax of raw logits).
           Deterministic given the prefix, so sampled verification treats each child as a point-mass
-          draft, q = one-hot (see tree_verify).
+          draft, q = one-hot (see tree.verify); ``topk_q = draft`` instead verifies a child against
+          its draft probability at T = 1, softmax(raw draft logits)[child], as the MARS authors' code
+          does (lossy; tree.verify).
   sample  children drawn one by one WITHOUT replacement from q = warp(draft logits, T, top_p);
           sampled verification uses q restricted to the not-yet-drawn tokens. Scores must not depend
           on a draw's own value (pruning would bias it): the i-th draw scores the EXPECTED draft
@@ -36,6 +38,7 @@ The decoding loop itself is ``tree.loop.generate_tree``.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +46,7 @@ import torch
 from .. import sampling
 
 CHILDREN = ("topk", "sample")
+TOPK_Q = ("onehot", "draft")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class TreeSpec:
     total_tokens: int = 10           # tree size incl. the root (EAGLE `total_token`)
     static_paths: tuple | None = None  # static tree: paths of child ranks; None = dynamic
     children: str = "topk"           # sampled decoding: topk (q = one-hot) | sample (without replacement)
+    topk_q: str = "onehot"           # sampled, topk children: onehot (lossless) | draft (the authors' q; lossy)
 
     def __post_init__(self):
         for name, low in (("depth", 0), ("top_k", 1), ("total_tokens", 2)):
@@ -61,6 +66,11 @@ class TreeSpec:
                 raise ValueError(f"method.{name}={v!r}; allowed: an integer >= {low}")
         if self.children not in CHILDREN:
             raise ValueError(f"method.children={self.children!r}; allowed: {', '.join(CHILDREN)}")
+        if self.topk_q not in TOPK_Q:
+            raise ValueError(f"method.topk_q={self.topk_q!r}; allowed: {', '.join(TOPK_Q)}")
+        if self.topk_q != "onehot" and self.children != "topk":
+            raise ValueError(f"method.topk_q={self.topk_q!r} with method.children={self.children}; allowed with "
+                             "children=sample: onehot (a drawn child is verified against the law it was drawn from)")
         if self.static_paths is not None:
             object.__setattr__(self, "static_paths", check_paths(self.static_paths))
 
@@ -78,7 +88,7 @@ class TreeSpec:
             return tree
         if tree:
             return cls(**dict(tree))
-        names = ("depth", "top_k", "total_tokens", "static_paths", "children")
+        names = ("depth", "top_k", "total_tokens", "static_paths", "children", "topk_q")
         return cls(**{n: getattr(method, n) for n in names if getattr(method, n, None) is not None})
 
 
@@ -106,13 +116,16 @@ def check_paths(paths) -> tuple:
 @dataclass
 class DraftTree:
     """One step's tree. Node 0 = root; ``q[node]`` = draft distribution its children were drawn from
-    (``sample`` mode only)."""
+    (``sample`` mode only); ``logq[j]`` = the draft's log-probability at T = 1 of node j's token given
+    its parent (log softmax of the raw draft logits; top-k modes; 0 for the root)."""
     tokens: list[int]
     parents: list[int]
     depths: list[int]
     slots: list[int]                 # drafter slot of each node (-1: never fed to the drafter)
     mode: str = "greedy"             # greedy | topk | sample
     q: dict = field(default_factory=dict)
+    logq: list[float] = field(default_factory=list)
+    topk_q: str = "onehot"           # TreeSpec.topk_q: how sampled verification sees a top-k child
     children: list[list[int]] = field(init=False)
 
     def __post_init__(self):
@@ -144,12 +157,17 @@ class DraftTree:
         return anc
 
     def child_q(self, node: int, i: int, vocab: int, device) -> torch.Tensor:
-        """The q the i-th child of ``node`` was drawn from (see tree_verify)."""
+        """The q the i-th child of ``node`` is verified against (see tree.verify). Top-k children:
+        one-hot (they were not drawn: a point mass), or with ``topk_q = draft`` the same vector scaled
+        by the child's draft probability at T = 1 (floored at 1e-10 as the authors' code does), so the
+        standard test is min(1, p / q(child)) and the residual lowers only the child's entry to
+        max(0, p(child) - q(child)), their non-relaxed path."""
         kids = self.children[node]
         if self.mode != "sample":
-            one_hot = torch.zeros(vocab, device=device)
-            one_hot[self.tokens[kids[i]]] = 1.0
-            return one_hot
+            tok = self.tokens[kids[i]]
+            point = torch.zeros(vocab, device=device)
+            point[tok] = 1.0 if self.topk_q == "onehot" else max(math.exp(self.logq[kids[i]]), 1e-10)
+            return point
         q = self.q[node].clone()
         if i:
             q[torch.tensor([self.tokens[c] for c in kids[:i]], device=q.device)] = 0.0
@@ -161,7 +179,7 @@ class _Pool:
     """Every drafted node of one step (node 0 = root)."""
 
     def __init__(self, root_token: int, mode: str):
-        self.tok, self.par, self.dep, self.score = [root_token], [-1], [0], [0.0]
+        self.tok, self.par, self.dep, self.score, self.logq = [root_token], [-1], [0], [0.0], [0.0]
         self.rank, self.slot, self.kids, self.q, self.mode = [0], [-1], [[]], {}, mode
         self.n_fed = 0
 
@@ -172,7 +190,7 @@ class _Pool:
         new = []
         for r, (t, lp) in enumerate(zip(toks, logp)):
             self.tok.append(t), self.par.append(node), self.dep.append(self.dep[node] + 1)
-            self.score.append(self.score[node] + lp), self.rank.append(r), self.slot.append(-1)
+            self.score.append(self.score[node] + lp), self.logq.append(lp), self.rank.append(r), self.slot.append(-1)
             self.kids.append([]), self.kids[node].append(len(self.tok) - 1), new.append(len(self.tok) - 1)
         return new
 
@@ -195,11 +213,12 @@ class _Pool:
                 heapq.heappush(heap, key(c))
         return keep
 
-    def tree(self, keep) -> DraftTree:
+    def tree(self, keep, topk_q: str = "onehot") -> DraftTree:
         order = [0] + sorted(keep, key=lambda i: (self.dep[i], i))
         new = {old: j for j, old in enumerate(order)}
         t = DraftTree([self.tok[i] for i in order], [new.get(self.par[i], -1) for i in order],
-                      [self.dep[i] for i in order], [self.slot[i] for i in order], self.mode)
+                      [self.dep[i] for i in order], [self.slot[i] for i in order], self.mode,
+                      logq=[self.logq[i] for i in order], topk_q=topk_q)
         t.q = {new[i]: q for i, q in self.q.items() if i in new and t.children[new[i]]}
         return t
 
@@ -232,7 +251,7 @@ def build_tree(drafter, seq: list[int], spec: TreeSpec, max_depth: int, mode: st
     levels = min(spec.max_depth, max_depth)
     z = drafter.root(seq) if levels >= 1 else None
     if z is None:
-        return pool.tree([])
+        return pool.tree([], spec.topk_q)
     if spec.static_paths is not None:
         return _static(pool, drafter, z, spec, levels, cfg, gen)
     frontier = pool.add_children(0, z, spec.top_k, cfg, gen)
@@ -242,7 +261,7 @@ def build_tree(drafter, seq: list[int], spec: TreeSpec, max_depth: int, mode: st
             break
         zs = pool.feed(drafter, frontier)
         frontier = [c for row, i in enumerate(frontier) for c in pool.add_children(i, zs[row], spec.top_k, cfg, gen)]
-    return pool.tree(pool.select(spec.total_tokens - 1))
+    return pool.tree(pool.select(spec.total_tokens - 1), spec.topk_q)
 
 
 def _static(pool: _Pool, drafter, z, spec: TreeSpec, levels: int, cfg, gen) -> DraftTree:
@@ -259,5 +278,5 @@ def _static(pool: _Pool, drafter, z, spec: TreeSpec, levels: int, cfg, gen) -> D
                 new.append(c)
         level = [c for c in new if path_of[c] in n_kids]
         rows = pool.feed(drafter, level) if level else []
-    return pool.tree(list(range(1, len(pool.tok))))
+    return pool.tree(list(range(1, len(pool.tok))), spec.topk_q)
 

@@ -4,7 +4,8 @@ Same conventions as ``decode.chain`` (and the same ``Stopper``): between steps t
 holds every committed token except the newest, which is the tree's root and is fed first in the next
 target forward, so tau = new tokens / target forwards. One step:
   1. the drafter builds a ``DraftTree`` below the root (build.build_tree), at most as deep as the token
-     budget allows (path + 1 token <= max_new_tokens - emitted);
+     budget allows (path + 1 token <= max_new_tokens - emitted) under the exact budget rule; under
+     after_step (the authors'), always the full tree, and the budget is checked after the step;
   2. the target scores [root, node_1 .. node_N] in one forward: 4-D tree mask over [cache + N + 1]
      (each node sees the committed prefix, its ancestors and itself), position ids
      cache_len + depth;
@@ -94,7 +95,8 @@ def generate_tree(target, draft, tokenizer, prompt: list[int], method: Method, c
     seq, new, stop = list(prompt), res.tokens, None
     while stop is None:
         start = len(new)
-        budget = cfg.max_new_tokens - len(new) - 1
+        room = cfg.draft_room(len(new))     # exact: no path past the budget; after_step: the full tree
+        budget = spec.max_depth if room is None else room
         committed, t, v = tree_step(target, drafter, seq, spec, rule, cfg, gen, budget, **settings)
         _audit(res, t, v, start, committed)
         res.steps += 1

@@ -26,8 +26,17 @@ Sampled (temperature > 0), ``verify_sampled``: multi-draft recursive rejection s
     topk   children = top-k of the draft logits: a deterministic function of the prefix, i.e. a
            point-mass draft, q_i = one-hot(c_i) (upstream EAGLE's q = 1). Then the test accepts c_i
            with probability p(c_i) and the residual is p with c_i removed, renormalised; by induction
-           P(commit x) = p_target(x) whatever the set of children. (Using the draft's own q(c_i) here,
-           as the MARS authors' code does, is NOT lossless.)
+           P(commit x) = p_target(x) whatever the set of children.
+    topk with ``topk_q = draft`` (TreeSpec): the MARS authors' non-relaxed path (evaluate_posterior in
+           their model/utils.py, q from topK_genrate in model/cnets.py): q_i = q_draft(c_i) e_{c_i}, where
+           q_draft(c_i) = softmax(raw draft logits)[c_i] at T = 1 whatever the decoding temperature.
+           The test accepts c_i with probability min(1, p(c_i) / q_draft(c_i)); after a rejection only
+           c_i's entry changes, p(c_i) <- max(0, p(c_i) - q_draft(c_i)), then p is renormalised:
+               theirs: gtp[x] = max(0, px - qx); gtp = gtp / gtp.sum()
+               ours:   p <- norm(max(0, p - q_i))   (the same vector, as q_i is zero off c_i)
+           Children are tried in draft-rank order, as their sorted retrieve_indices do. NOT lossless:
+           min(1, p / q_draft) >= p, so every child is accepted at least as often as by the lossless
+           test (tau rises), and the committed law leans towards the draft's top-k.
     sample children drawn sequentially without replacement from q; q_i = q with c_1..c_{i-1} zeroed,
            renormalised, which is exactly the law of c_i given the earlier draws, independent of the
            coins of earlier tests. Each test is the standard lemma (x ~ q_i, accept w.p.
@@ -37,6 +46,9 @@ Sampled (temperature > 0), ``verify_sampled``: multi-draft recursive rejection s
   Levels: a child's subtree was drafted from the draft conditioned on that child only, so the same
   argument applies at every depth given the accepted prefix. ``exact`` is lossless; ``mars`` applies
   its margin clause per node (top-1 accepted outright, top-2 when r > theta), as in the chain.
+  The authors' MARS tree path is mars with ``topk_q = draft``, sampled_top1 = margin, nonpositive_top1
+  = ratio, but for one thing: where r > theta their code gives a child outside the top-2 no test (it is
+  skipped and p is left as it was); here it gets the standard test and, on rejection, the residual.
 """
 from __future__ import annotations
 

@@ -1,0 +1,86 @@
+"""``method.topk_q``: how sampled tree verification sees a top-k child (onehot, lossless | draft, the MARS
+authors' q). Its run-tag part, its effect on what counts as lossless, its validation, and the
+paper_trees experiment that uses it. The distributional checks are in test_tree_mc.py."""
+import pytest
+from hydra import compose, initialize_config_dir
+
+from mars_bench import config as C
+from mars_bench import runner as R
+from mars_bench.tags import RunTag
+
+from .conftest import ROOT, data_dir
+
+C.register()
+
+
+def cfg_of(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("tag", [
+    "sd_tree-d4-w4-t16-qdraft-T1-p1-n8-s0", "mars_tree-d4-w4-t16-qdraft-th0.9-ratio-margin-T1-p1-n8-s0",
+    "mars_tree-paths0a1b2c3d-qdraft-th0.84-T0.2-p1-n8-s3", "eagle3_mars-d5-w4-t16-qdraft-th0.9-nucleusallow-T1-p0.9-n8-s0"])
+def test_qdraft_tags_round_trip(tag):
+    t = RunTag.parse(tag)
+    assert t.topk_q == "draft" and t.format() == tag
+
+
+def test_qdraft_is_never_a_lossless_reference():
+    sd_draft = RunTag.parse("sd_tree-d4-w4-t16-qdraft-T1-p1-n8-s0")
+    sd_onehot = RunTag.parse("sd_tree-d4-w4-t16-T1-p1-n8-s0")
+    mars_draft = RunTag.parse("mars_tree-d4-w4-t16-qdraft-th0.9-T1-p1-n8-s0")
+    assert sd_onehot.lossless and sd_onehot.lossless_reference() is None
+    assert not sd_draft.lossless and not mars_draft.lossless
+    assert sd_draft.lossless_reference() == sd_onehot
+    assert mars_draft.lossless_reference() == sd_onehot
+    assert RunTag.parse("mars_tree-d4-w4-t16-th0.9-T1-p1-n8-s0").lossless_reference() == sd_onehot
+
+
+@pytest.mark.parametrize("temperature,children,part", [(1, "topk", True), (0.2, "topk", True), (0, "topk", False)])
+def test_tag_of_a_config_shows_qdraft_only_where_it_changes_outputs(temperature, children, part):
+    """Greedy verification never reads q, so a greedy run with topk_q=draft is the greedy run."""
+    cfg = cfg_of("model=tiny", "method=mars_tree", "method.topk_q=draft", f"temperature={temperature}",
+                 f"method.children={children}")
+    C.validate(cfg)
+    name = RunTag.from_config(cfg, 8).format()
+    assert ("-qdraft-" in name) == part
+    assert "-qdraft-" not in RunTag.from_config(cfg_of("model=tiny", "method=mars_tree", f"temperature={temperature}"),
+                                                8).format()
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["method.topk_q=beta"], "method.topk_q='beta'; allowed: onehot, draft"),
+    (["method.topk_q=draft", "method.children=sample"], "allowed with children=sample: onehot"),
+])
+def test_bad_topk_q_is_one_line_before_anything_runs(tmp_path, overrides, needle):
+    cfg = cfg_of("model=tiny", "method=sd_tree", "temperature=1", f"results_dir={tmp_path / 'r'}",
+                 f"data_dir={data_dir()}", *overrides)
+    with pytest.raises(C.ConfigError) as e:
+        R.prepare(cfg)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("temperature", ["1.0", "0.2"])
+def test_paper_trees_experiment_entries(temperature):
+    """Every entry of the experiment is a valid, distinct run; exactly one is a lossless reference
+    (sd_tree, onehot), and it is the reference of every other speculative entry."""
+    base = ["+experiment=paper_trees", "task=wmt19_zh_en", f"temperature={temperature}"]
+    cfg = cfg_of(*base)
+    entries = [list(e) for e in cfg.interleave]
+    tags = []
+    for entry in entries:
+        v = cfg_of(*base, *entry)
+        C.validate(v)
+        tags.append(RunTag.from_config(v, 256))
+    names = [t.format() for t in tags]
+    assert len(set(names)) == len(names)
+    spec = [t for t in tags if t.scheme != "ar"]
+    (ref,) = [t for t in spec if t.lossless]
+    assert ref.scheme == "sd_tree" and ref.tree == "d4-w4-t16" and ref.temperature == float(temperature)
+    assert all(t.lossless_reference() == ref for t in spec if t is not ref)
+    thetas = {t.topk_q: sorted(x.settings["theta"] for x in spec if x.rule == "mars" and x.topk_q == t.topk_q)
+              for t in spec}
+    assert thetas["draft"] == thetas["onehot"] and len(thetas["draft"]) >= 5
+    assert all(t.settings.get("sampled_top1") == "margin" for t in spec if t.rule == "mars")
