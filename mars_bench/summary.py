@@ -250,7 +250,7 @@ def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | No
         "draft_quant": draft_quant_of(cfg),
         "fast_kernel": sorted({r.get("fast_kernel", "unrecorded") for _, r in ordered}),   # one, unless resumed elsewhere
         "scheme": method.name, "rule": method.rule if method.speculative else None,
-        "rule_settings": method.rule_kwargs, "lossless": (not method.speculative) or RULES[method.rule].lossless,
+        "rule_settings": method.rule_kwargs, "lossless": (not method.speculative) or (tag.lossless if tag else RULES[method.rule].lossless),
         "theta": method.rule_kwargs.get("theta"),
         "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
         "batch_size": int(cfg.get("batch_size", 1)),   # > 1: tokens/s is the run's throughput, not a latency

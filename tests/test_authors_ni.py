@@ -4,7 +4,6 @@ corpus_score on the segments its paired bootstrap resamples."""
 from __future__ import annotations
 
 import json
-import random
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,6 +13,8 @@ from scipy import stats as sps
 
 from mars_bench import records as R
 from mars_bench import stats as S
+
+from .test_stats import _segments
 from mars_bench.summary import LEGACY_METRICS, run_stats, task_metrics
 
 FAST = S.StatsSettings(n_boot=2000)
@@ -150,16 +151,6 @@ def test_ni_tiny_n_has_a_note():
         ni = out["noninferiority"]
         assert ni["passes"] is None and ni["note"].startswith("n = 1") and ni["bound"] is None
         json.dumps(ni, allow_nan=False)
-
-
-def _segments(n, seed):
-    rng = random.Random(seed)
-    words = "the a cat dog sat on mat house red blue runs quickly slowly over under near far".split()
-    refs = [" ".join(rng.choices(words, k=rng.randint(8, 20))) for _ in range(n)]
-    base = [" ".join(rng.choices(r.split(), k=max(3, len(r.split()) - 2))) for r in refs]
-    meth = [b if i % 3 else " ".join(rng.choices(r.split(), k=len(r.split()))) for i, (b, r) in
-            enumerate(zip(base, refs))]
-    return base, meth, refs
 
 
 def test_corpus_ni_is_the_percentile_of_sacrebleus_paired_resamples(monkeypatch):

@@ -111,6 +111,7 @@ class Run:
             parts = [p for p in parts if p != f"{knob.tag}{self.sweep_value:g}"]
         out = [x for x in (rt.tree, "sample" if rt.sample_children else None) if x] + parts
         out += [f"pmin{rt.p_min:g}"] if rt.p_min else []
+        out += [f"q{rt.topk_q}"] if rt.topk_q != "onehot" else []
         return tuple(out + ([f"draft{rt.draft_quant}"] if rt.draft_quant else []))
 
     @property
@@ -136,8 +137,9 @@ class Run:
 
     @property
     def lossless(self) -> bool:
-        """A speculative method with a lossless rule (sd, sd_tree, eagle3)."""
-        return self.rt.scheme != "ar" and self.rule.lossless
+        """A speculative method that is lossless (sd, sd_tree, eagle3 with rule exact; not a tree verified with
+        the authors' q, ``topk_q=draft``, which is lossy with any rule)."""
+        return self.rt.lossless
 
     @property
     def family(self) -> tuple:
