@@ -58,6 +58,9 @@ def _noninferior(test: dict) -> str:
     return "–" if passes is None else ("yes" if passes else "no")
 
 
+METHOD_WIDTH = 24   # the method column folds past this, so the numeric columns keep their digits at 120
+
+
 def shown_runs(group: list[Run], theta: float = DEFAULT_THETA) -> list[Run]:
     """ar, the lossless methods and each lossy family at ``theta`` (every value where that one is missing)."""
     at_theta = {r.family for r in group if r.relaxed and r.theta == theta}
@@ -105,7 +108,7 @@ def group_table(group: list[Run], theta: float = DEFAULT_THETA) -> tuple[RichTab
     ni = any((((r.stats or {}).get("quality_vs_ar") or {}).get(metric) or {}).get("noninferiority") for r in runs)
     fid = any(r.fidelity for r in runs)
     t = RichTable(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0))
-    t.add_column("method", no_wrap=True)
+    t.add_column("method", overflow="fold", max_width=METHOD_WIDTH)   # a long label folds; numbers never do
     heads = ["n", "tokens/s", "τ", "speedup"] + ([f"{metric} {direction}".strip(), "Δ vs ar", "p"] if metric else [])
     for head in heads + (["non-inf."] if ni else []) + (["= ar"] if fid else []):
         t.add_column(head, justify="right", no_wrap=True)
