@@ -148,8 +148,7 @@ def _speculative_step(target, draft, rows: list[_Row], method: Method, rule: Rul
             correction / bonus token. Rows commit different counts (ragged acceptance).
     Caches: row b of both caches is rolled back to seq_b + d_1..d_n (the newest token is fed next step).
     """
-    rooms = [cfg.draft_room(len(r.res.tokens)) for r in rows]   # exact: budget left - 1; after_step: no limit
-    ks = [method.k if room is None else max(0, min(method.k, room)) for room in rooms]
+    ks = [cfg.draft_len(method.k, len(r.res.tokens)) for r in rows]   # exact: budget left - 1; after_step: k
     drafts, qs = _draft_batch(draft, rows, ks, cfg, method.p_min)
     z = target.batch_forward([[r.seq[-1]] + d for r, d in zip(rows, drafts)])
     out, t_len, d_len = [], [], []

@@ -82,8 +82,7 @@ def generate_chain(target, draft, tokenizer, prompt: list[int], method: Method, 
     while stop is None:
         start = len(new)
         if spec:
-            room = cfg.draft_room(len(new))     # exact: never draft past the budget; after_step: whole k
-            k = method.k if room is None else min(method.k, room)
+            k = cfg.draft_len(method.k, len(new))   # exact: never draft past the budget; after_step: whole k
             committed, v, m = speculative_step(target, draft, seq, k, rule, cfg, gen, method.p_min, **settings)
             res.proposed.append(m)
             res.accepted.append(v.n_accepted)

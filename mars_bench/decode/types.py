@@ -51,10 +51,13 @@ class DecodeConfig:
         if self.budget not in BUDGET_RULES:
             raise ValueError(f"budget={self.budget!r}; allowed: {', '.join(BUDGET_RULES)}")
 
-    def draft_room(self, emitted: int) -> int | None:
-        """Most drafts a step may propose after ``emitted`` tokens: budget left - 1 (the step's own
-        target token) under ``exact``; None (no limit) under ``after_step``."""
-        return self.max_new_tokens - emitted - 1 if self.budget == "exact" else None
+    def draft_len(self, most: int, emitted: int) -> int:
+        """How many of ``most`` drafts (a chain's k, a tree's depth) a step may propose after ``emitted``
+        tokens: capped at budget left - 1 (the step's own target token) under ``exact``; all of them under
+        ``after_step``."""
+        if self.budget == "after_step":
+            return most
+        return max(0, min(most, self.max_new_tokens - emitted - 1))
 
 
 @dataclass(frozen=True)

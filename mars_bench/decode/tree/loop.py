@@ -47,7 +47,7 @@ def tree_step(target, drafter, seq: list[int], spec: TreeSpec, rule, cfg: Decode
               gen: torch.Generator | None, budget: int, **rule_kwargs):
     """One draft-tree-then-verify step over ``seq``; returns (committed tokens, tree, verdict)."""
     greedy = cfg.temperature == 0.0
-    tree = build_tree(drafter, seq, spec, max(budget, 0), "greedy" if greedy else spec.children, cfg, gen)
+    tree = build_tree(drafter, seq, spec, budget, "greedy" if greedy else spec.children, cfg, gen)
     base = target.cache_len
     kw = {}
     if tree.size:
@@ -95,8 +95,7 @@ def generate_tree(target, draft, tokenizer, prompt: list[int], method: Method, c
     seq, new, stop = list(prompt), res.tokens, None
     while stop is None:
         start = len(new)
-        room = cfg.draft_room(len(new))     # exact: no path past the budget; after_step: the full tree
-        budget = spec.max_depth if room is None else room
+        budget = cfg.draft_len(spec.max_depth, len(new))   # exact: no path past the budget; after_step: full tree
         committed, t, v = tree_step(target, drafter, seq, spec, rule, cfg, gen, budget, **settings)
         _audit(res, t, v, start, committed)
         res.steps += 1
