@@ -230,4 +230,16 @@ def _rule_settings(rule_name: str, body: list[str]) -> dict:
     return rule.settings(given)
 
 
-__all__ = ["RunTag", "CHAIN", "TREE"]
+SPEC_FILE = "run.json"
+
+
+def read_spec(run_dir) -> "RunTag | None":
+    """The spec of a run directory: its ``run.json`` when it has one; else (result trees written before
+    run.json existed) its name, read once as a legacy tag. None for a directory that is not a run."""
+    from pathlib import Path
+
+    run_dir = Path(run_dir)
+    return RunTag.parse(run_dir.name)
+
+
+__all__ = ["RunTag", "CHAIN", "TREE", "SPEC_FILE", "read_spec"]
