@@ -13,7 +13,7 @@ from typing import Any, Optional
 from .decode.rules import RULES
 from .stats import StatsSettings
 from .decode.tree.build import TreeSpec
-from .decode.types import (BUDGET_RULES, CHAIN, DEFAULT_K, DRAFT_MODEL, METHOD_NAMES, TREE, DecodeConfig, Method,
+from .decode.types import (BUDGET_RULES, CHAIN, DEFAULT_K, DRAFT_MODEL, METHOD_NAMES, OPTIONS, TREE, DecodeConfig, Method,
                            resolve)
 from .system_prompts import SYSTEM_PROMPTS
 
@@ -51,10 +51,13 @@ class ModelConfig:
 
 @dataclass
 class MethodConfig:
-    name: str = "???"               # (required) drafting scheme ar | sd | sd_tree | eagle3, or a preset (mars = sd + rule mars,
+    name: str = "???"               # (required) drafting scheme ar | sd | lookup | sd_tree | eagle3, or a preset (mars = sd + rule mars,
                                     # mars_tree, eagle3_mars); chosen by the defaults list of conf/config.yaml
     k: int = DEFAULT_K              # chains: most draft tokens proposed per step
     p_min: float = 0.0              # chains: adaptive draft length, stop when the draft's top-1 prob < p_min (0 = off)
+    # prompt lookup (conf/method/lookup.yaml): the longest and shortest tail n-gram searched for
+    max_ngram: int = 3
+    min_ngram: int = 1
     # tree schemes (docs/trees_and_eagle3.md); defaults are TreeSpec's; the authors' Qwen3 scripts use 50 / 6 / 10
     depth: int = TreeSpec.depth     # expansion forwards after the root (drafts reach depth + 1)
     top_k: int = TreeSpec.top_k     # children per expanded node, and frontier width
@@ -209,9 +212,10 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"top_p={cfg.top_p!r}; allowed: a number in (0, 1]")
     _one_of("logger.name", cfg.logger.name, ("none", "wandb"))
     validate_protocol(cfg)
-    if _int_at_least("batch_size", cfg.get("batch_size", 1), 1) > 1 and method.name in TREE:
-        raise ConfigError(f"batch_size={cfg.batch_size} with method={m.name}: trees decode at batch_size=1 only; "
-                          f"allowed for batch_size > 1: {', '.join(CHAIN)} (with any chain rule)")
+    _int_at_least("batch_size", cfg.get("batch_size", 1), 1)
+    if method.name == "lookup":
+        _int_at_least("method.min_ngram", m.min_ngram, 1)
+        _int_at_least("method.max_ngram", m.max_ngram, int(m.min_ngram))
     try:
         StatsSettings.from_cfg(cfg)
     except ValueError as e:
@@ -263,8 +267,9 @@ def method_of(cfg: Any) -> Method:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     settings = rule_settings(cfg, rule) if scheme != "ar" else {}
+    options = {name: m[name] for name in OPTIONS.get(scheme, ())}
     return Method(name=scheme, k=int(m.k), rule=rule, rule_kwargs=settings, p_min=float(m.p_min),
-                  tree=tree_knobs(m) if scheme in TREE else {})
+                  tree=tree_knobs(m) if scheme in TREE else {}, options=options)
 
 
 def validate_protocol(cfg: Any) -> None:

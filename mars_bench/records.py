@@ -2,6 +2,9 @@
 
 Records are written first, one JSON line per finished sample, flushed and fsynced; summaries are
 derived from them (``summarize``) and written atomically. Tables and plots only read these files.
+A line of samples.jsonl is a ``SampleRecord`` (its turns ``TurnRecord``s) in dict form: ``to_dict`` writes it
+with its ``record_version``; ``from_dict`` reads lines of every version, those written before the version
+existed included.
 Definitions (cited in every table caption):
   tau      = new tokens / target verification forwards (accepted drafts + 1 bonus/correction per step)
   speedup  = (sum new tokens / sum wall s) of a method / the same for ``ar``, over the same samples
@@ -24,6 +27,7 @@ import os
 import platform
 import subprocess
 import tempfile
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from statistics import median
 
@@ -40,6 +44,143 @@ TAU_AUTHORS_DEFINITION = ("tau (authors' formula) = sum new tokens / sum over tu
 SPEEDUP_AUTHORS_DEFINITION = ("speedup (authors' formula) = mean over samples of the method's tokens/s / mean "
                               "over samples of ar's tokens/s, ar's tokens counted by re-tokenizing its output "
                               "text minus 1 per turn (5SSjw/MARS speed.py)")
+
+
+# ---- the sample record ---------------------------------------------------------------------------
+RECORD_VERSION = 1   # the layout of a samples.jsonl line; 0: a line written before records had a version
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One turn of a sample: its decode's counts, timings, per-step acceptances and output. ``span_s``
+    (batched decoding only) is written only when set; keys this version does not know are kept in ``extra``."""
+    prompt_tokens: int | None = None
+    new_tokens: int = 0
+    steps: int = 0                          # target verification forwards (prefill excluded)
+    n_retokenized: int | None = None        # len(tokenizer(output text).input_ids); None: not recorded
+    tau: float | None = None
+    stop_reason: str | None = None
+    prefill_s: float = 0.0
+    wall_s: float = 0.0
+    target_s: float = 0.0
+    draft_s: float = 0.0
+    proposed: list = field(default_factory=list)    # per step: drafts proposed
+    accepted: list = field(default_factory=list)    # per step: drafts accepted
+    relaxed: list = field(default_factory=list)     # one entry per lenient acceptance
+    z1: list = field(default_factory=list)
+    z2: list = field(default_factory=list)
+    outcome: str = ""
+    output_ids: list = field(default_factory=list)
+    output_text: str = ""
+    depth_proposed: list | None = None      # trees: deepest draft per step
+    span_s: float | None = None             # batched: admission to finish, shared with other rows
+    extra: dict = field(default_factory=dict)
+
+    _WHEN_SET = ("span_s",)
+
+    def to_dict(self) -> dict:
+        """The turn as samples.jsonl holds it."""
+        return _as_dict(self, self._WHEN_SET)
+
+    @classmethod
+    def from_dict(cls, data) -> "TurnRecord":
+        """A turn from its dict (any record version; missing keys take their defaults); a TurnRecord as is."""
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise ValueError(f"turn record {data!r:.60}; allowed: a JSON object")
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """One finished sample (all its turns), one line of samples.jsonl: what ran, its totals over the turns,
+    its score and the turns. ``from_dict`` reads lines of every version, including those written before
+    ``record_version`` existed (0); ``writer`` (the process that wrote the line) is written only when set."""
+    id: str
+    index: int | None = None
+    task: str | None = None
+    task_version: int | str | None = None
+    model: str | None = None
+    method: str | None = None               # the spec's head (mars, sd+topk_delta, ...)
+    scheme: str | None = None
+    rule: str | None = None
+    rule_settings: dict | None = None
+    k: int | None = None
+    p_min: float | None = None
+    draft_quant: str | None = None
+    fast_kernel: str | None = None
+    theta: float | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    timing: str | None = None               # interleaved | sequential
+    order: int | None = None                # position among the interleaved methods for this sample
+    new_tokens: int = 0
+    steps: int = 0
+    tau: float = 0.0
+    n_proposed: int = 0
+    n_accepted: int = 0
+    n_exact: int = 0
+    n_relaxed: int = 0
+    n_by_clause: dict | None = None
+    prefill_s: float = 0.0
+    wall_s: float = 0.0
+    target_s: float = 0.0
+    draft_s: float = 0.0
+    score: dict | None = None
+    batch_size: int | None = None
+    turns: list = field(default_factory=list)   # TurnRecord
+    writer: str | None = None
+    record_version: int = RECORD_VERSION
+    extra: dict = field(default_factory=dict)
+
+    _WHEN_SET = ("writer",)
+
+    def to_dict(self) -> dict:
+        """The sample as samples.jsonl holds it: ``record_version`` first, then today's keys."""
+        out = _as_dict(self, self._WHEN_SET)
+        out["turns"] = [TurnRecord.from_dict(t).to_dict() for t in self.turns]
+        return {"record_version": out.pop("record_version"), **out}
+
+    @classmethod
+    def from_dict(cls, data) -> "SampleRecord":
+        """A sample from a samples.jsonl line of any version up to RECORD_VERSION (missing keys take their
+        defaults, unknown ones are kept in ``extra``); a SampleRecord as is."""
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict) or "id" not in data:
+            raise ValueError(f"sample record {data!r:.60}; allowed: a JSON object with an 'id'")
+        version = data.get("record_version", 0)
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= RECORD_VERSION:
+            raise ValueError(f"record_version={version!r}; allowed: an integer from 0 to {RECORD_VERSION}")
+        known = _known(cls, data)
+        known["turns"] = [TurnRecord.from_dict(t) for t in data.get("turns") or []]
+        return cls(**{**known, "record_version": version})
+
+
+def _as_dict(record, when_set: tuple) -> dict:
+    """A record's fields as a dict (``extra`` merged back in), leaving out the ``when_set`` fields at None."""
+    out = {f.name: getattr(record, f.name) for f in fields(record)
+           if f.name != "extra" and not (f.name in when_set and getattr(record, f.name) is None)}
+    return {**out, **record.extra}
+
+
+def _known(cls, data: dict) -> dict:
+    """The constructor arguments of ``cls`` from ``data``: its fields, and every other key in ``extra``."""
+    names = {f.name for f in fields(cls)} - {"extra"}
+    return {**{k: v for k, v in data.items() if k in names},
+            "extra": {k: v for k, v in data.items() if k not in names}}
+
+
+def as_records(records) -> list[SampleRecord]:
+    """Sample records as SampleRecords (dicts as read from samples.jsonl are converted)."""
+    return [SampleRecord.from_dict(r) for r in records]
+
+
+def read_records(path: Path) -> tuple[list[SampleRecord], list[str]]:
+    """``read_samples`` as SampleRecords."""
+    records, problems = read_samples(path)
+    return as_records(records), problems
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -109,9 +250,12 @@ class SampleWriter:
     sample is decoded twice and no line is duplicated (policy: ``locking``). Every write error is a one-line
     ``StorageError`` naming the path; a failed append is cut back so that the file holds whole lines only."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, on_start=None):
+        """``on_start()``: called once, when this writer first claims a sample (its run directory created),
+        before that sample is decoded; the runner writes the run's spec there."""
         self.path = Path(path)   # a new run directory is created only when the first sample is claimed
         self._lock = self.path.parent / APPEND_LOCK
+        self._on_start = on_start
         self._claims: Claims | None = None
         self.done: set = set()
         self._offset = None   # bytes of samples.jsonl already read (whole lines)
@@ -125,6 +269,8 @@ class SampleWriter:
         if self._claims is None:
             with storage_errors(self.path.parent):
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self._on_start is not None:
+                self._on_start()
             self._claims = Claims(self.path.parent)
         return self._claims
 
@@ -168,9 +314,11 @@ class SampleWriter:
         """The (index, sample) pairs of ``todo`` this process gets to decode (see ``locking``)."""
         return _Claimed(self, todo)
 
-    def write(self, record: dict) -> None:
+    def write(self, record: "dict | SampleRecord") -> None:
         from .interrupts import deferred
 
+        if isinstance(record, SampleRecord):
+            record = record.to_dict()
         record = {**record, "writer": f"{platform.node()}:{os.getpid()}"}   # which process decoded it (several may share a run dir)
         line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8")
         kept = f"{len(self.done)} finished samples are kept in {self.path}"
@@ -266,37 +414,44 @@ def manifest() -> dict:
             "git_commit": git_commit()}
 
 
-def _sum(records, key):
-    return sum(r[key] for r in records)
+def _sum(records: list[SampleRecord], key: str):
+    return sum(getattr(r, key) for r in records)
 
 
-def authors_idx(record: dict) -> int:
+def authors_idx(record: "dict | SampleRecord") -> int:
     """The authors' ``idx`` summed over a sample's turns: verification forwards - 1 per turn."""
-    return sum(t["steps"] - 1 for t in record["turns"])
+    return sum(t.steps - 1 for t in SampleRecord.from_dict(record).turns)
 
 
-def authors_ar_tokens(record: dict) -> int | None:
+def authors_ar_tokens(record: "dict | SampleRecord") -> int | None:
     """ar's tokens as the authors count them: per turn len(tokenizer(text).input_ids) - 1, from the turn's
     ``n_retokenized``; None when a turn lacks it (records written before it was recorded)."""
-    counts = [t.get("n_retokenized") for t in record["turns"]]
+    counts = [t.n_retokenized for t in SampleRecord.from_dict(record).turns]
     return None if any(c is None for c in counts) else sum(c - 1 for c in counts)
 
 
-def totals(records: list[dict]) -> dict:
-    """Run-level speed and acceptance numbers from per-sample records."""
-    tokens, steps, wall = _sum(records, "new_tokens"), _sum(records, "steps"), _sum(records, "wall_s")
-    proposed, accepted = _sum(records, "n_proposed"), _sum(records, "n_accepted")
-    idx = sum(authors_idx(r) for r in records)
+def acceptance_per_depth(records: list[SampleRecord]) -> list[float]:
+    """Share of steps that accepted the draft at depth d, over the steps that proposed it (trees: the
+    deepest draft of the step; chains: k)."""
     depth_prop, depth_acc = [], []
     for r in records:
-        for turn in r["turns"]:   # trees: depth_proposed = deepest draft per step; chains: k
-            for k, n in zip(turn.get("depth_proposed") or turn["proposed"], turn["accepted"]):
+        for turn in r.turns:
+            for k, n in zip(turn.depth_proposed or turn.proposed, turn.accepted):
                 for d in range(k):
                     while len(depth_prop) <= d:
                         depth_prop.append(0)
                         depth_acc.append(0)
                     depth_prop[d] += 1
                     depth_acc[d] += d < n
+    return [a / p for a, p in zip(depth_acc, depth_prop)]
+
+
+def totals(records: "list[dict | SampleRecord]") -> dict:
+    """Run-level speed and acceptance numbers from per-sample records."""
+    records = as_records(records)
+    tokens, steps, wall = _sum(records, "new_tokens"), _sum(records, "steps"), _sum(records, "wall_s")
+    proposed, accepted = _sum(records, "n_proposed"), _sum(records, "n_accepted")
+    idx = sum(authors_idx(r) for r in records)
     return {
         "n_samples": len(records), "new_tokens": tokens, "steps": steps, "wall_s": wall,
         "prefill_s": _sum(records, "prefill_s"), "target_s": _sum(records, "target_s"),
@@ -306,37 +461,42 @@ def totals(records: list[dict]) -> dict:
         "n_proposed": proposed, "n_accepted": accepted, "n_exact": _sum(records, "n_exact"),
         "n_relaxed": _sum(records, "n_relaxed"),
         "acceptance_rate": accepted / proposed if proposed else None,
-        "acceptance_per_depth": [a / p for a, p in zip(depth_acc, depth_prop)],
+        "acceptance_per_depth": acceptance_per_depth(records),
         "outside_forward_share": 1 - (_sum(records, "target_s") + _sum(records, "draft_s")) / wall if wall else None,
     }
 
 
-def authors_speedup_columns(records: list[dict], ar_records: list[dict]) -> tuple[list, list, list, list, str | None]:
+def paired_records(records: list[SampleRecord], ar_records: list[SampleRecord]) -> list[tuple]:
+    """(record, ar record) for the ids both runs have, in ``records``' order."""
+    ar = {r.id: r for r in ar_records}
+    return [(r, ar[r.id]) for r in records if r.id in ar]
+
+
+def authors_speedup_columns(records, ar_records) -> tuple[list, list, list, list, str | None]:
     """(tokens, wall, ar tokens, ar wall, note) over the samples both runs have, ar's tokens counted the
     authors' way; where an ar record lacks ``n_retokenized``, its generated count stands in and note says so."""
-    ar = {r["id"]: r for r in ar_records}
-    both = [r for r in records if r["id"] in ar]
-    counted = [authors_ar_tokens(ar[r["id"]]) for r in both]
+    both = paired_records(as_records(records), as_records(ar_records))
+    counted = [authors_ar_tokens(b) for _, b in both]
     missing = sum(c is None for c in counted)
     note = (f"{missing} of {len(both)} ar records lack n_retokenized (written before it was recorded): their "
             f"generated token count stands in for the re-tokenized one") if missing else None
-    ar_tokens = [ar[r["id"]]["new_tokens"] if c is None else c for r, c in zip(both, counted)]
-    return ([r["new_tokens"] for r in both], [r["wall_s"] for r in both], ar_tokens,
-            [ar[r["id"]]["wall_s"] for r in both], note)
+    ar_tokens = [b.new_tokens if c is None else c for (_, b), c in zip(both, counted)]
+    return ([r.new_tokens for r, _ in both], [r.wall_s for r, _ in both], ar_tokens,
+            [b.wall_s for _, b in both], note)
 
 
-def speedup(records: list[dict], ar_records: list[dict]) -> dict | None:
+def speedup(records, ar_records) -> dict | None:
     """Speedup over the ``ar`` run on the samples both have: ours, the authors', and the mean of per-sample
     ratios (definitions in the module doc)."""
-    ar = {r["id"]: r for r in ar_records}
-    both = [r for r in records if r["id"] in ar]
-    if not both:
+    records, ar_records = as_records(records), as_records(ar_records)
+    pairs = paired_records(records, ar_records)
+    if not pairs:
         return None
-    base = [ar[r["id"]] for r in both]
+    both, base = [r for r, _ in pairs], [b for _, b in pairs]
     mine_tps = _sum(both, "new_tokens") / _sum(both, "wall_s")
     ar_tps = _sum(base, "new_tokens") / _sum(base, "wall_s")
-    ratios = [(r["new_tokens"] / r["wall_s"]) / (b["new_tokens"] / b["wall_s"])
-              for r, b in zip(both, base) if r["wall_s"] and b["wall_s"] and b["new_tokens"]]
+    ratios = [(r.new_tokens / r.wall_s) / (b.new_tokens / b.wall_s)
+              for r, b in pairs if r.wall_s and b.wall_s and b.new_tokens]
     tok, wall, ar_tok, ar_wall, note = authors_speedup_columns(records, ar_records)
     rates = [(t / w, a / aw) for t, w, a, aw in zip(tok, wall, ar_tok, ar_wall) if w > 0 and aw > 0]
     ar_mean = sum(a for _, a in rates) / len(rates) if rates else 0.0
@@ -344,7 +504,7 @@ def speedup(records: list[dict], ar_records: list[dict]) -> dict | None:
             "speedup_authors": sum(m for m, _ in rates) / len(rates) / ar_mean if ar_mean else None,
             "speedup_authors_note": note,
             "speedup_mean_of_ratios": sum(ratios) / len(ratios) if ratios else None,
-            "ar_tokens_per_s": ar_tps, "n_common": len(both)}
+            "ar_tokens_per_s": ar_tps, "n_common": len(pairs)}
 
 
 def median_or_none(xs):

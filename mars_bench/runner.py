@@ -18,10 +18,10 @@ from omegaconf import OmegaConf
 
 from . import config as C
 from .decode import generate
-from .records import SampleWriter, atomic_write_text
+from .records import SampleRecord, SampleWriter, TurnRecord, atomic_write_text
 from .summary import summarize_run
 from .system_prompts import system_prompt_text
-from .tags import RunTag
+from .tags import RunSpec, write_spec
 from .wandb_logger import make_logger
 
 log = logging.getLogger("mars_bench")
@@ -57,25 +57,34 @@ def prepare(cfg):
 
 
 class Job:
-    """One method's run directory within a run: its config, tag, method, writer and samples to do."""
+    """One method's run directory within a run: its config, spec (``tag``), method, writer and samples to do.
+    The directory is named by the spec (``RunSpec.dir_name``), so a rerun of the same command finds it; the
+    spec is written there as run.json when this job claims its first sample, before decoding it."""
 
     def __init__(self, cfg, interleaved: bool = False):
         self.cfg, self.interleaved = cfg, interleaved
         self.task, self.samples, self.data_dir, self.max_new, self.task_dir = prepare(cfg)
-        self.tag = RunTag.from_config(cfg, self.max_new, task_prompts=self.task.options.get("prompts", "ours"))
-        self.run_dir = self.task_dir / self.tag.format()
+        self.tag = RunSpec.from_config(cfg, self.max_new, task_prompts=self.task.options.get("prompts", "ours"))
+        self.run_dir = self.task_dir / self.tag.dir_name
         self.method = C.method_of(cfg)
-        self.writer = SampleWriter(self.run_dir / "samples.jsonl")
+        self.writer = SampleWriter(self.run_dir / "samples.jsonl", on_start=self.write_spec)
         self.todo = {s.id for s in self.samples if s.id not in self.writer.done}
         sweep = C.RULES[self.tag.rule].sweep if self.method.speculative else None
         self.label = f"{cfg.model.name} | {self.task.name} | {self.tag.head}" + (
             f" {sweep}={self.tag.settings[sweep]:g}" if sweep else "")
 
+    def write_spec(self) -> None:
+        """run.json in the run directory (once; one already there must hold this job's spec)."""
+        try:
+            write_spec(self.run_dir, self.tag)
+        except ValueError as e:
+            raise C.ConfigError(str(e)) from None
+
     def summarize(self) -> dict:
         ref = self.tag.lossless_reference()
-        ar_dir = self.task_dir / self.tag.baseline().format() if self.tag.scheme != "ar" else None
+        ar_dir = self.task_dir / self.tag.baseline().dir_name if self.tag.scheme != "ar" else None
         return summarize_run(self.run_dir, self.task, self.samples, self.cfg, self.data_dir, ar_dir=ar_dir,
-                             sd_dir=self.task_dir / ref.format() if ref else None)
+                             sd_dir=self.task_dir / ref.dir_name if ref else None)
 
 
 def run(cfg) -> dict | list[dict]:
@@ -85,7 +94,7 @@ def run(cfg) -> dict | list[dict]:
     job = Job(cfg)
     log.info("%s: %d samples (%d already done) -> %s", job.label, len(job.samples),
              len(job.samples) - len(job.todo), job.run_dir)
-    logger = make_logger(cfg.logger, job.run_dir, cfg)
+    logger = make_logger(cfg.logger, job.run_dir, cfg, spec=job.tag)
     try:
         if job.todo and _batch_size(cfg) > 1:
             ctx = Models(cfg, [job.method])
@@ -131,7 +140,7 @@ def variant_configs(cfg) -> list:
 
 def run_interleaved(cfg, variants: list) -> list[dict]:
     jobs = [Job(v, interleaved=True) for v in variants]           # every variant validated before any model loads
-    tags = [j.tag.format() for j in jobs]
+    tags = [j.tag.dir_name for j in jobs]
     dup = {t for t in tags if tags.count(t) > 1}
     if dup:
         raise C.ConfigError(f"interleave lists the same run twice: {sorted(dup)[0]}")
@@ -139,7 +148,7 @@ def run_interleaved(cfg, variants: list) -> list[dict]:
     todo = sum(len(j.todo) for j in jobs)
     log.info("interleaved: %d methods x %d samples (%d decodes to do) on %s", len(jobs), len(samples), todo,
              jobs[0].task.name)
-    loggers = [make_logger(j.cfg.logger, j.run_dir, j.cfg) for j in jobs]
+    loggers = [make_logger(j.cfg.logger, j.run_dir, j.cfg, spec=j.tag) for j in jobs]
     try:
         if todo:
             ctx = Models(cfg, [j.method for j in jobs])
@@ -239,12 +248,13 @@ class Models:
         return _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order)
 
     def decode_batched(self, job: Job, todo: list, write, order: int = 0, source=None) -> None:
-        """Samples ``todo`` ([(index, sample)]) with the job's method at ``batch_size`` rows (decode.batch):
+        """Samples ``todo`` ([(index, sample)]) with the job's method at ``batch_size`` rows (decode.engine):
         a sample's turns run in sequence in its slot, seeded as ``decode`` seeds them; ``write(sample,
         record)`` is called as each sample finishes, in finish order. ``source``: an iterable over (a part
         of) ``todo`` read lazily, one pair as a slot frees (default: ``todo``); the memory check uses all
         of ``todo``."""
-        from .decode.batch import Request, check_memory, generate_batch
+        from .decode.backend import check_memory
+        from .decode.generate import Request, generate_batch
         from .tasks import build_messages
 
         cfg, task, tok, bsz = job.cfg, job.task, self.pair.tokenizer, _batch_size(job.cfg)
@@ -271,13 +281,23 @@ class Models:
         state.clear()
         turns = max(len(s.turns) for _, s in todo)
         try:   # a conservative bound: later turns hold earlier prompts and outputs
-            check_memory([self.pair.target, self.pair.draft if job.method.speculative else None], bsz,
-                         turns * (longest + job.max_new + job.method.k + 1), job.method.k + 1)
+            step = _tokens_per_step(job.method)
+            check_memory([self.pair.target, self.pair.draft if job.method.name in C.DRAFT_MODEL else None], bsz,
+                         turns * (longest + job.max_new + step), step)
         except ValueError as e:
             raise C.ConfigError(str(e)) from None
         atomic_write_text(job.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         queue = (request(s, i, 0) for i, s in (todo if source is None else source))
-        generate_batch(self.pair.target, self.pair.draft, tok, queue, job.method, dcfg, bsz, on_done)
+        draft = self.eagle3 if job.method.name == "eagle3" else self.pair.draft
+        generate_batch(self.pair.target, draft, tok, queue, job.method, dcfg, bsz, on_done)
+
+
+def _tokens_per_step(method) -> int:
+    """Most tokens one target forward scores per row: k + 1 (chains), the tree's size (trees)."""
+    if method.name in C.TREE:
+        t = method.tree
+        return len(t["static_paths"]) + 1 if t.get("static_paths") else int(t["total_tokens"])
+    return method.k + 1
 
 
 def _progress(items, label, enabled, total=None):
@@ -295,37 +315,38 @@ def _progress(items, label, enabled, total=None):
 
 
 def _turn_record(res, prompt_ids, text, tokenizer=None) -> dict:
-    """One turn's record. ``n_retokenized`` = len(tokenizer(text.strip()).input_ids), special tokens as the
-    tokenizer adds them: the count the authors' speed script takes ar's tokens from (minus 1); None
-    without a tokenizer."""
+    """One turn's record (``TurnRecord``) as samples.jsonl holds it. ``n_retokenized`` =
+    len(tokenizer(text.strip()).input_ids), special tokens as the tokenizer adds them: the count the authors'
+    speed script takes ar's tokens from (minus 1); None without a tokenizer."""
     retok = len(tokenizer(text.strip()).input_ids) if tokenizer is not None else None
-    return {"prompt_tokens": len(prompt_ids), "new_tokens": len(res.tokens), "steps": res.steps,
-            "n_retokenized": retok,
-            "tau": res.tau, "stop_reason": res.stop_reason, "prefill_s": res.prefill_s,
-            "wall_s": res.wall_s, "target_s": res.target_s, "draft_s": res.draft_s,
-            "proposed": res.proposed, "accepted": res.accepted, "relaxed": res.relaxed,
-            "z1": [round(x, 4) for x in res.z1], "z2": [round(x, 4) for x in res.z2],
-            "outcome": res.outcome, "output_ids": res.tokens, "output_text": text,
-            "depth_proposed": res.depth_proposed or None}
+    return TurnRecord(
+        prompt_tokens=len(prompt_ids), new_tokens=len(res.tokens), steps=res.steps, n_retokenized=retok,
+        tau=res.tau, stop_reason=res.stop_reason, prefill_s=res.prefill_s, wall_s=res.wall_s,
+        target_s=res.target_s, draft_s=res.draft_s, proposed=res.proposed, accepted=res.accepted,
+        relaxed=res.relaxed, z1=[round(x, 4) for x in res.z1], z2=[round(x, 4) for x in res.z2],
+        outcome=res.outcome, output_ids=res.tokens, output_text=text,
+        depth_proposed=res.depth_proposed or None).to_dict()
 
 
 def _sample_record(job: Job, sample, index, turns, score, fast_kernel: str, order: int) -> dict:
+    """One sample's record (``SampleRecord``) as samples.jsonl holds it; ``turns``: its turn records
+    (``_turn_record``'s dicts, extra keys such as span_s kept, or TurnRecords)."""
     cfg, tag = job.cfg, job.tag
-    s = lambda key: sum(t[key] for t in turns)  # noqa: E731
-    n_acc = sum(sum(t["accepted"]) for t in turns)
-    lenient = [e for t in turns for e in t["relaxed"]]
+    turns = [TurnRecord.from_dict(t) for t in turns]
+    s = lambda key: sum(getattr(t, key) for t in turns)  # noqa: E731
+    n_acc = sum(sum(t.accepted) for t in turns)
+    lenient = [e for t in turns for e in t.relaxed]
     by_clause = {}
     for e in lenient:
         by_clause[e["clause"]] = by_clause.get(e["clause"], 0) + 1
-    return {"id": sample.id, "index": index, "task": job.task.name, "task_version": job.task.version,
-            "model": cfg.model.name, "method": tag.head, "scheme": tag.scheme, "rule": tag.rule,
-            "rule_settings": tag.settings, "k": cfg.method.k, "p_min": job.method.p_min,
-            "draft_quant": C.draft_quant_of(cfg), "fast_kernel": fast_kernel,
-            "theta": tag.settings.get("theta"), "temperature": cfg.temperature, "seed": cfg.seed,
-            "timing": "interleaved" if job.interleaved else "sequential",
-            "order": order, "new_tokens": s("new_tokens"), "steps": s("steps"),
-            "tau": s("new_tokens") / s("steps") if s("steps") else 0.0,
-            "n_proposed": sum(sum(t["proposed"]) for t in turns), "n_accepted": n_acc,
-            "n_exact": n_acc - len(lenient), "n_relaxed": len(lenient), "n_by_clause": by_clause,
-            "prefill_s": s("prefill_s"), "wall_s": s("wall_s"), "target_s": s("target_s"),
-            "draft_s": s("draft_s"), "score": score, "batch_size": _batch_size(cfg), "turns": turns}
+    return SampleRecord(
+        id=sample.id, index=index, task=job.task.name, task_version=job.task.version, model=cfg.model.name,
+        method=tag.head, scheme=tag.scheme, rule=tag.rule, rule_settings=tag.settings, k=cfg.method.k,
+        p_min=job.method.p_min, draft_quant=C.draft_quant_of(cfg), fast_kernel=fast_kernel,
+        theta=tag.settings.get("theta"), temperature=cfg.temperature, seed=cfg.seed,
+        timing="interleaved" if job.interleaved else "sequential", order=order,
+        new_tokens=s("new_tokens"), steps=s("steps"), tau=s("new_tokens") / s("steps") if s("steps") else 0.0,
+        n_proposed=sum(sum(t.proposed) for t in turns), n_accepted=n_acc, n_exact=n_acc - len(lenient),
+        n_relaxed=len(lenient), n_by_clause=by_clause, prefill_s=s("prefill_s"), wall_s=s("wall_s"),
+        target_s=s("target_s"), draft_s=s("draft_s"), score=score, batch_size=_batch_size(cfg),
+        turns=turns).to_dict()

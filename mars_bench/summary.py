@@ -17,7 +17,7 @@ from . import records as R
 from . import stats as S
 from .config import draft_quant_of, method_of
 from .decode.rules import RULES
-from .tags import RunTag
+from .tags import read_spec
 from .tasks.base import METRIC_TESTS
 
 
@@ -90,9 +90,9 @@ def task_metrics(task) -> dict[str, Paired]:
 STOP_REASONS = ("max_new_tokens", "eos", "stop_string")   # decoding.Stopper's reasons
 
 
-def stop_reasons(recs: list[dict]) -> dict:
+def stop_reasons(recs: list) -> dict:
     """Share of samples per stop reason of their last turn (max_new_tokens = cut by the token budget)."""
-    last = [(r.get("turns") or [{}])[-1].get("stop_reason") or "unrecorded" for r in recs]
+    last = [(r.turns[-1].stop_reason if r.turns else None) or "unrecorded" for r in R.as_records(recs)]
     out = {k: (last.count(k) / len(last) if last else None) for k in STOP_REASONS}
     out.update({k: last.count(k) / len(last) for k in sorted(set(last) - set(STOP_REASONS))})
     out["n"] = len(last)
@@ -112,13 +112,13 @@ def _sacrebleu_key(m: Paired) -> str:
     return m.test.removeprefix("corpus_")   # stats.corpus_delta / corpus_ci return 'bleu' and 'chrf'
 
 
-def quality_tests(recs: list[dict], base_recs: list[dict], metrics: dict[str, Paired],
+def quality_tests(recs: list, base_recs: list, metrics: dict[str, Paired],
                   settings: S.StatsSettings, references: dict | None = None) -> dict:
     """Paired test of each metric in ``metrics`` (name -> Paired) on the ids both runs have, with its
     non-inferiority verdict. ``references``: id -> reference text, needed for BLEU / chrF (absent in
-    results files)."""
-    base = {r["id"]: r for r in base_recs}
-    pairs = [(r["score"] or {}, base[r["id"]]["score"] or {}, r["id"]) for r in recs if r["id"] in base]
+    results files). Records: SampleRecords or their dicts."""
+    pairs = [(r.score or {}, b.score or {}, r.id)
+             for r, b in R.paired_records(R.as_records(recs), R.as_records(base_recs))]
     out = {}
     for m in metrics.values():
         if m.test in ("binary", "mean"):
@@ -138,19 +138,19 @@ def quality_tests(recs: list[dict], base_recs: list[dict], metrics: dict[str, Pa
     return out
 
 
-def quality_cis(recs: list[dict], metrics: dict[str, Paired], settings: S.StatsSettings,
+def quality_cis(recs: list, metrics: dict[str, Paired], settings: S.StatsSettings,
                 references: dict | None = None) -> dict:
     """The run's own CI of each metric in ``metrics``: Wilson for binary scores, bootstrap for means,
     sacrebleu's bootstrap for BLEU / chrF (needs ``references``)."""
-    out = {}
+    recs, out = R.as_records(recs), {}
     for m in metrics.values():
-        vals = [v for v in (m.get(r["score"] or {}) for r in recs) if v is not None]
+        vals = [v for v in (m.get(r.score or {}) for r in recs) if v is not None]
         if m.test == "binary":
             out[m.name] = S.proportion_ci(int(sum(vals)), len(vals), settings)
         elif m.test == "mean":
             out[m.name] = S.mean_ci(vals, settings)
     for key, group in _corpus_groups(metrics).items():
-        use = [(r["score"][key], r["id"]) for r in recs if key in (r["score"] or {})]
+        use = [(r.score[key], r.id) for r in recs if key in (r.score or {})]
         if references is None or any(i not in references for _, i in use):
             out.update({m.name: {**S.no_test(len(use), "needs the references: re-summarize the run", settings),
                                  "value": None} for m in group})
@@ -160,22 +160,26 @@ def quality_cis(recs: list[dict], metrics: dict[str, Paired], settings: S.StatsS
     return out
 
 
-def authors_speedup_ci(recs: list[dict], ar_recs: list[dict], settings: S.StatsSettings) -> dict:
+def authors_speedup_ci(recs: list, ar_recs: list, settings: S.StatsSettings) -> dict:
     """The authors' speedup with its paired-bootstrap CI; the note says when ar's tokens were not re-tokenized."""
     tok, wall, ar_tok, ar_wall, note = R.authors_speedup_columns(recs, ar_recs)
     est = S.speedup_authors_ci(tok, wall, ar_tok, ar_wall, settings)
     return {**est, "note": "; ".join(x for x in (est["note"], note) if x) or None}
 
 
-def run_stats(recs: list[dict], ar_recs: list[dict] | None = None, sd_recs: list[dict] | None = None,
+def run_stats(recs: list, ar_recs: list | None = None, sd_recs: list | None = None,
               settings: S.StatsSettings | None = None, metrics: dict[str, Paired] | None = None,
               references: dict | None = None, fidelity: dict | None = None) -> dict:
     """The ``stats`` block of summary.json: CIs of tau, tokens/s, speedup vs ar (paired), fidelity to ar,
     each quality metric; the authors' tau and speedup (records' module doc) with theirs; paired quality
-    tests vs ar and vs sd (None when that run is absent). ``metrics``: name -> Paired (``task_metrics``)."""
+    tests vs ar and vs sd (None when that run is absent). ``metrics``: name -> Paired (``task_metrics``).
+    Records: SampleRecords or their dicts."""
     settings = settings or S.StatsSettings()
     metrics = metrics or {}
-    col = lambda rs, k: [r[k] for r in rs]  # noqa: E731
+    recs = R.as_records(recs)
+    ar_recs = None if ar_recs is None else R.as_records(ar_recs)
+    sd_recs = None if sd_recs is None else R.as_records(sd_recs)
+    col = lambda rs, k: [getattr(r, k) for r in rs]  # noqa: E731
     out = {"settings": settings.as_dict(),
            "tau": S.ratio_ci(col(recs, "new_tokens"), col(recs, "steps"), settings),
            "tau_authors": S.ratio_ci(col(recs, "new_tokens"), [R.authors_idx(r) for r in recs], settings),
@@ -184,9 +188,8 @@ def run_stats(recs: list[dict], ar_recs: list[dict] | None = None, sd_recs: list
            "quality_vs_sd": None}
     out["quality"] = quality_cis(recs, metrics, settings, references)
     if ar_recs is not None:
-        ar = {r["id"]: r for r in ar_recs}
-        both = [r for r in recs if r["id"] in ar]
-        base = [ar[r["id"]] for r in both]
+        pairs = R.paired_records(recs, ar_recs)
+        both, base = [r for r, _ in pairs], [b for _, b in pairs]
         out["speedup"] = S.speedup_ci(col(both, "new_tokens"), col(both, "wall_s"), col(base, "new_tokens"),
                                       col(base, "wall_s"), settings)
         out["speedup_authors"] = authors_speedup_ci(recs, ar_recs, settings)
@@ -202,20 +205,15 @@ def run_stats(recs: list[dict], ar_recs: list[dict] | None = None, sd_recs: list
     return out
 
 
-def fidelity_vs_ar(recs: list[dict], ar_recs: list[dict]) -> dict | None:
+def fidelity_vs_ar(recs: list, ar_recs: list) -> dict | None:
     """Per-sample comparison with the ar output of the same target and settings, and its aggregate."""
     from .tasks.fidelity import aggregate_fidelity, fidelity
 
-    ar = {r["id"]: r for r in ar_recs}
     per = {}
-    for r in recs:
-        if r["id"] not in ar:
-            continue
-        mine, base = r["turns"], ar[r["id"]]["turns"]
-        per[r["id"]] = fidelity([t for x in mine for t in x["output_ids"]],
-                                [t for x in base for t in x["output_ids"]],
-                                "\n".join(x["output_text"] for x in mine),
-                                "\n".join(x["output_text"] for x in base))
+    for r, b in R.paired_records(R.as_records(recs), R.as_records(ar_recs)):
+        mine, base = r.turns, b.turns
+        per[r.id] = fidelity([t for x in mine for t in x.output_ids], [t for x in base for t in x.output_ids],
+                             "\n".join(x.output_text for x in mine), "\n".join(x.output_text for x in base))
     if not per:
         return None
     return {"aggregate": aggregate_fidelity(list(per.values())), "per_sample": per}
@@ -236,19 +234,19 @@ def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | No
     (compared when their samples exist); ``settings``: None reads ``cfg.stats`` (else the defaults)."""
     run_dir = Path(run_dir)
     settings = settings or S.StatsSettings.from_cfg(cfg)
-    recs, problems = R.read_samples(run_dir / "samples.jsonl")
-    by_id = {r["id"]: r for r in recs}
+    recs, problems = R.read_records(run_dir / "samples.jsonl")
+    by_id = {r.id: r for r in recs}
     ordered = [(s, by_id[s.id]) for s in samples if s.id in by_id]
-    method, tag = method_of(cfg), RunTag.parse(run_dir.name)
+    method, tag = method_of(cfg), read_spec(run_dir)
     registered = task_metrics(task)
-    quality = task.aggregate([s for s, _ in ordered], [r["score"] for _, r in ordered],
-                             [[t["output_text"] for t in r["turns"]] for _, r in ordered]) if ordered else {}
+    quality = task.aggregate([s for s, _ in ordered], [r.score for _, r in ordered],
+                             [[t.output_text for t in r.turns] for _, r in ordered]) if ordered else {}
     summary = {
         "run_dir": str(run_dir), "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": cfg.model.name, "task": task.name, "task_version": task.version,
         "method": tag.head if tag else method.name, "k": cfg.method.k,
         "draft_quant": draft_quant_of(cfg),
-        "fast_kernel": sorted({r.get("fast_kernel", "unrecorded") for _, r in ordered}),   # one, unless resumed elsewhere
+        "fast_kernel": sorted({r.fast_kernel or "unrecorded" for _, r in ordered}),   # one, unless resumed elsewhere
         "scheme": method.name, "rule": method.rule if method.speculative else None,
         "rule_settings": method.rule_kwargs, "lossless": (not method.speculative) or (tag.lossless if tag else RULES[method.rule].lossless),
         "theta": method.rule_kwargs.get("theta"),
@@ -265,12 +263,12 @@ def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | No
     }
     mine, ar_recs, sd_recs = [r for _, r in ordered], None, None
     if ar_dir is not None and (Path(ar_dir) / "samples.jsonl").exists():
-        ar_recs, _ = R.read_samples(Path(ar_dir) / "samples.jsonl")
+        ar_recs, _ = R.read_records(Path(ar_dir) / "samples.jsonl")
         summary["speedup"] = R.speedup(mine, ar_recs)
         summary["fidelity"] = fidelity_vs_ar(mine, ar_recs)
         summary["ar_run_dir"] = str(ar_dir)
     if sd_dir is not None and (Path(sd_dir) / "samples.jsonl").exists():
-        sd_recs, _ = R.read_samples(Path(sd_dir) / "samples.jsonl")
+        sd_recs, _ = R.read_records(Path(sd_dir) / "samples.jsonl")
         summary["sd_run_dir"] = str(sd_dir)
     summary["stats"] = run_stats(mine, ar_recs, sd_recs, settings,
                                  metrics={k: m for k, m in registered.items() if k in quality},

@@ -1,7 +1,18 @@
-"""Run directory names: built and parsed here and nowhere else (``RunTag.format`` / ``RunTag.parse``).
+"""Run specs: every setting that changes a run's outputs (``RunSpec``), stored in the run directory as
+``run.json`` and named by a short hash of it.
 
-A run directory's name holds every setting that changes outputs, so rerunning a command resumes it and
-runs never mix:
+A run directory is named ``<label>@<digest>`` (``RunSpec.dir_name``):
+    label   a readable summary of the spec (below); two specs may share one, since numbers in it are
+            rounded to 6 significant digits (theta 0.9 and 0.9000001 both read th0.9)
+    digest  the first 10 hex digits of the sha256 of the spec's canonical JSON (``RunSpec.digest``): equal
+            specs give equal names in every process, so rerunning a command resumes its run, and specs
+            that differ anywhere (floats compared exactly) never share a directory
+``run.json`` (``SPEC_FILE``) holds the spec itself (``to_dict``, with ``spec_version``); ``read_spec``
+reads it back. Result trees written before run.json existed are named by the label alone, ending in
+-s<seed>; ``read_spec`` reads their spec from that name (``RunSpec.parse``), and nothing else reads a
+directory's name.
+
+The label:
     <head>[-k<k>][-<tree shape>][-sample|-qdraft][-<rule settings>][-pmin<p>][-draft<quant>][-b<B>]
         [-sys<name>][-afterstep][-nothink|-think][-prompts<src>]-T<T>-p<top_p>-n<max new>-s<seed>
 head: the drafting scheme (ar, sd, sd_tree, eagle3) with rule exact; the release presets for rule mars
@@ -12,7 +23,7 @@ a letter, so numbers such as 1e-05 stay whole. -b<B> is the batch size, present 
 batched runs (throughput, docs/batching.md) never mix with batch-size-1 runs; their ar baseline is the
 ar run at the same B. -qdraft: a sampled tree whose top-k children are verified against the draft's
 probability (``method.topk_q=draft``, the MARS authors' code; lossy even with rule exact, so such a run
-is never a lossless reference: ``RunTag.lossless``).
+is never a lossless reference: ``RunSpec.lossless``).
 The protocol's parts (conf/protocol/) appear only away from their defaults: -sys<name> a named system
 prompt (system_prompts.py), -afterstep the authors' budget rule (checked after each step), -nothink /
 -think model.enable_thinking false / true, -prompts<src> the task option prompts (e.g. -promptsauthors)
@@ -21,8 +32,10 @@ for tasks that have it. The ar baseline keeps them all: runs under different pro
 from __future__ import annotations
 
 import hashlib
+import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
+from pathlib import Path
 
 from .decode.rules import RULES
 from .decode.types import CHAIN, PRESETS, SCHEMES, TREE
@@ -31,35 +44,65 @@ _HEAD = {(scheme, rule): name for name, (scheme, rule) in PRESETS.items()}
 _SPLIT = re.compile(r"-(?=[A-Za-z])")
 _NUM = r"[0-9][0-9.e+-]*"
 
+SPEC_FILE = "run.json"
+SPEC_VERSION = 1        # the layout of run.json; from_dict reads every version up to this one
+DIGEST_CHARS = 10
+DIR_SEPARATOR = "@"     # between label and digest; never in a legacy name (those end in -s<seed>)
+# Fields left out of the digest at these values (fixed here, never the dataclass defaults, so that changing a
+# default can never give an old directory to new settings). A field added later goes here with the value
+# that means "not used", so that every earlier run keeps its directory.
+DIGEST_NEUTRAL = {"options": {}}
+
 
 def _fmt(x: float) -> str:
     return f"{float(x):g}"
 
 
 @dataclass(frozen=True)
-class RunTag:
-    scheme: str                     # ar | sd | sd_tree | eagle3
+class RunSpec:
+    """Every setting that changes a run's outputs; names its directory (``dir_name``) and is stored there
+    (run.json, ``to_dict``)."""
+    scheme: str                     # ar | sd | sd_tree | eagle3 | lookup
     rule: str                       # a name in RULES (exact for ar)
     temperature: float
     top_p: float
     max_new_tokens: int
     seed: int
-    k: int | None = None            # chains
+    k: int | None = None            # speculative chains (sd, lookup): most drafts per step
     tree: str | None = None         # trees: d<depth>-w<top_k>-t<total> or paths<sha1[:8]>
     sample_children: bool = False   # trees, sampled: children drawn without replacement
-    topk_q: str = "onehot"          # trees, sampled, topk children: onehot | draft (in the tag as -qdraft)
+    topk_q: str = "onehot"          # trees, sampled, topk children: onehot | draft (in the label as -qdraft)
     settings: dict = field(default_factory=dict)   # the rule's settings (defaults filled in)
     p_min: float = 0.0              # chains: adaptive draft length
     draft_quant: str | None = None  # int8 when the draft model is quantized
-    batch_size: int = 1             # sequences decoded at once (in the tag only when > 1)
+    batch_size: int = 1             # sequences decoded at once (in the label only when > 1)
     system_prompt: str = "none"     # protocol.system_prompt (a name in system_prompts.SYSTEM_PROMPTS)
     budget: str = "exact"           # protocol.budget: exact | after_step
     enable_thinking: bool | None = None  # model.enable_thinking (None: the chat template's default)
     task_prompts: str = "ours"      # the task option prompts, for tasks that have it (else ours)
+    options: dict = field(default_factory=dict)    # scheme-specific knobs (Method.options), e.g. maxngram3-minngram1
+
+    def __post_init__(self):
+        """Checks scheme and rule and gives every number its one type (floats as floats, counts as ints, the
+        rule's settings through its registration), so that equal settings give equal digests."""
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"scheme={self.scheme!r}; allowed: {', '.join(SCHEMES)}")
+        if self.rule not in RULES:
+            raise ValueError(f"rule={self.rule!r}; allowed: {', '.join(RULES)}")
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        for name in ("temperature", "top_p", "p_min"):
+            put(name, float(getattr(self, name)))
+        for name in ("max_new_tokens", "seed", "batch_size"):
+            put(name, int(getattr(self, name)))
+        if self.k is not None:
+            put("k", int(self.k))
+        settings = dict(self.settings or {})
+        put("settings", RULES[self.rule].settings(settings) if self.scheme != "ar" else settings)
+        put("options", dict(self.options or {}))
 
     # ---- building ----------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, cfg, max_new: int, task_prompts: str = "ours") -> "RunTag":
+    def from_config(cls, cfg, max_new: int, task_prompts: str = "ours") -> "RunSpec":
         """``task_prompts``: the task's ``prompts`` option as the runner applied it (ours for tasks without it)."""
         from . import config as C
 
@@ -72,26 +115,74 @@ class RunTag:
         quant = C.draft_quant_of(cfg)
         return cls(scheme=m.name, rule=m.rule if m.speculative else "exact", temperature=float(cfg.temperature),
                    top_p=float(cfg.top_p), max_new_tokens=int(max_new), seed=int(cfg.seed),
-                   k=m.k if m.name == "sd" else None, tree=tree,
+                   k=m.k if m.name in CHAIN and m.speculative else None, tree=tree,
                    sample_children=m.name in TREE and m.tree.get("children") == "sample" and cfg.temperature > 0,
                    topk_q=m.tree.get("topk_q", "onehot") if m.name in TREE and cfg.temperature > 0 else "onehot",
                    settings=dict(m.rule_kwargs) if m.speculative else {},
                    p_min=m.p_min if m.name == "sd" else 0.0, draft_quant=None if quant in (None, "none") else quant,
                    batch_size=int(cfg.get("batch_size", 1) or 1), system_prompt=cfg.protocol.system_prompt,
-                   budget=cfg.protocol.budget, enable_thinking=cfg.model.enable_thinking, task_prompts=task_prompts)
+                   budget=cfg.protocol.budget, enable_thinking=cfg.model.enable_thinking, task_prompts=task_prompts,
+                   options=dict(getattr(m, "options", None) or {}))
 
+    # ---- run.json ----------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """The spec as JSON-safe values (what run.json holds): ``spec_version`` and every field; floats
+        keep their exact value through JSON."""
+        return {"spec_version": SPEC_VERSION,
+                **{f.name: _copy(getattr(self, f.name)) for f in fields(self)}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunSpec":
+        """The inverse of ``to_dict``; a one-line ValueError for a version, field or value it cannot read."""
+        if not isinstance(data, dict):
+            raise ValueError(f"run spec {data!r:.60}; allowed: a JSON object")
+        version = data.get("spec_version")
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SPEC_VERSION:
+            raise ValueError(f"spec_version={version!r}; allowed: an integer from 1 to {SPEC_VERSION}")
+        body = {k: v for k, v in data.items() if k != "spec_version"}
+        names = [f.name for f in fields(cls)]
+        unknown = [k for k in body if k not in names]
+        if unknown:
+            raise ValueError(f"run spec field {unknown[0]!r}; allowed: {', '.join(names)}")
+        required = [f.name for f in fields(cls) if _required(f)]
+        missing = [name for name in required if name not in body]
+        if missing:
+            raise ValueError(f"run spec lacks {missing[0]!r}; required: {', '.join(required)}")
+        try:
+            return cls(**body)
+        except TypeError as e:   # a value of the wrong kind, e.g. settings that are not an object
+            raise ValueError(f"run spec value of the wrong type ({e}); allowed: the types of RunSpec.to_dict") from None
+
+    @property
+    def digest(self) -> str:
+        """10 hex digits of the sha256 of the canonical JSON of every field (those of ``DIGEST_NEUTRAL`` left
+        out at their neutral value); the same in every process and platform."""
+        core = {f.name: _copy(getattr(self, f.name)) for f in fields(self)
+                if not (f.name in DIGEST_NEUTRAL and getattr(self, f.name) == DIGEST_NEUTRAL[f.name])}
+        text = json.dumps(core, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+        return hashlib.sha256(text.encode("ascii")).hexdigest()[:DIGEST_CHARS]
+
+    @property
+    def dir_name(self) -> str:
+        """The run directory's name: ``<label>@<digest>``."""
+        return f"{self.label}{DIR_SEPARATOR}{self.digest}"
+
+    # ---- the label ---------------------------------------------------------------------------
     @property
     def head(self) -> str:
         if self.rule == "exact":
             return self.scheme
         return _HEAD.get((self.scheme, self.rule), f"{self.scheme}+{self.rule}")
 
-    def format(self) -> str:
+    @property
+    def label(self) -> str:
+        """The short readable name (module doc); also the whole name of a legacy run directory."""
         parts = [self.head]
         if self.k is not None:
             parts.append(f"k{self.k}")
         if self.tree:
             parts.append(self.tree)
+        parts += [f"{name.replace('_', '')}{value}" for name, value in sorted((self.options or {}).items())]
         if self.sample_children:
             parts.append("sample")
         if self.topk_q != "onehot":
@@ -109,6 +200,10 @@ class RunTag:
         parts += [f"T{_fmt(self.temperature)}", f"p{_fmt(self.top_p)}", f"n{self.max_new_tokens}", f"s{self.seed}"]
         return "-".join(parts)
 
+    def format(self) -> str:
+        """The label (``label``)."""
+        return self.label
+
     __str__ = format
 
     def _protocol_parts(self) -> list[str]:
@@ -122,11 +217,11 @@ class RunTag:
         return parts
 
     # ---- related runs ------------------------------------------------------------------------
-    def baseline(self) -> "RunTag":
+    def baseline(self) -> "RunSpec":
         """The ar run of the same target and settings (speedup, fidelity)."""
-        return RunTag("ar", "exact", self.temperature, self.top_p, self.max_new_tokens, self.seed,
-                      batch_size=self.batch_size, system_prompt=self.system_prompt, budget=self.budget,
-                      enable_thinking=self.enable_thinking, task_prompts=self.task_prompts)
+        return RunSpec("ar", "exact", self.temperature, self.top_p, self.max_new_tokens, self.seed,
+                       batch_size=self.batch_size, system_prompt=self.system_prompt, budget=self.budget,
+                       enable_thinking=self.enable_thinking, task_prompts=self.task_prompts)
 
     @property
     def lossless(self) -> bool:
@@ -134,17 +229,18 @@ class RunTag:
         trees, top-k children verified as point masses (topk_q onehot)."""
         return self.scheme != "ar" and RULES[self.rule].lossless and self.topk_q == "onehot"
 
-    def lossless_reference(self) -> "RunTag | None":
+    def lossless_reference(self) -> "RunSpec | None":
         """The same drafting with rule exact and topk_q onehot (sd for a lossy chain rule), or None for
         ar and lossless runs."""
         if self.scheme == "ar" or self.lossless:
             return None
         return replace(self, rule="exact", settings={}, topk_q="onehot")
 
-    # ---- parsing -----------------------------------------------------------------------------
+    # ---- legacy names ------------------------------------------------------------------------
     @classmethod
-    def parse(cls, name: str) -> "RunTag | None":
-        """The inverse of ``format``; None for a name that is not a run tag."""
+    def parse(cls, name: str) -> "RunSpec | None":
+        """A legacy run directory's name (a label, no digest) read back as its spec; None for a name that
+        is not one. Numbers are as the label rounded them; only ``read_spec`` needs this."""
         parts = _SPLIT.split(name)
         if len(parts) < 5:
             return None
@@ -156,7 +252,7 @@ class RunTag:
         out = {"k": None, "tree": None, "sample_children": False, "topk_q": "onehot", "p_min": 0.0, "draft_quant": None,
                "batch_size": 1}
         body = parts[1:-4]
-        if body and scheme == "sd" and re.fullmatch(r"k\d+", body[0]):
+        if body and scheme in CHAIN and scheme != "ar" and re.fullmatch(r"k\d+", body[0]):
             out["k"] = int(body.pop(0)[1:])
         if body and scheme in TREE and re.fullmatch(r"d\d+|paths[0-9a-f]{8}", body[0]):
             out["tree"] = body.pop(0)
@@ -171,20 +267,23 @@ class RunTag:
             out["batch_size"] = int(body.pop()[1:])
         if body and re.fullmatch(r"draft[a-z0-9]+", body[-1]):
             out["draft_quant"] = body.pop()[5:]
-        if body and re.fullmatch(f"pmin{_NUM}", body[-1]):
-            out["p_min"] = float(body.pop()[4:])
         try:
+            if body and re.fullmatch(f"pmin{_NUM}", body[-1]):
+                out["p_min"] = float(body.pop()[4:])
             settings = _rule_settings(rule, body) if scheme != "ar" else {}
         except ValueError:
             return None
         if scheme != "ar" and body:
             return None
-        return cls(scheme=scheme, rule=rule, temperature=tail["T"], top_p=tail["p"], max_new_tokens=int(tail["n"]),
-                   seed=int(tail["s"]), settings=settings, **out)
+        try:
+            return cls(scheme=scheme, rule=rule, temperature=tail["T"], top_p=tail["p"],
+                       max_new_tokens=int(tail["n"]), seed=int(tail["s"]), settings=settings, **out)
+        except (ValueError, OverflowError):
+            return None
 
 
 def _protocol_settings(body: list[str]) -> dict:
-    """Consume the protocol's parts from the end of ``body`` (in place), in reverse order of ``format``."""
+    """Consume the protocol's parts from the end of ``body`` (in place), in reverse order of ``label``."""
     out = {}
     if body and re.fullmatch(r"prompts[a-z0-9_]+", body[-1]):
         out["task_prompts"] = body.pop()[len("prompts"):]
@@ -230,16 +329,43 @@ def _rule_settings(rule_name: str, body: list[str]) -> dict:
     return rule.settings(given)
 
 
-SPEC_FILE = "run.json"
+def _required(f) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
 
 
-def read_spec(run_dir) -> "RunTag | None":
+def _copy(value):
+    """A field's value for JSON: dicts copied (a spec's dicts stay its own)."""
+    return dict(value) if isinstance(value, dict) else value
+
+
+RunTag = RunSpec   # the name this class had when it only named directories
+
+
+def read_spec(run_dir) -> "RunSpec | None":
     """The spec of a run directory: its ``run.json`` when it has one; else (result trees written before
     run.json existed) its name, read once as a legacy tag. None for a directory that is not a run."""
-    from pathlib import Path
-
     run_dir = Path(run_dir)
-    return RunTag.parse(run_dir.name)
+    path = run_dir / SPEC_FILE
+    if not path.is_file():
+        return RunSpec.parse(run_dir.name)
+    try:
+        return RunSpec.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
-__all__ = ["RunTag", "CHAIN", "TREE", "SPEC_FILE", "read_spec"]
+def write_spec(run_dir, spec: RunSpec) -> None:
+    """Write ``run_dir/run.json`` (atomically) unless it is there; one that is there must hold ``spec``."""
+    from .records import atomic_write_json
+
+    path = Path(run_dir) / SPEC_FILE
+    if path.is_file():
+        found = read_spec(run_dir)
+        if found != spec:
+            raise ValueError(f"{path} holds the spec of {found.dir_name}, not of {spec.dir_name}; "
+                             "allowed: one run per directory")
+        return
+    atomic_write_json(path, spec.to_dict())
+
+
+__all__ = ["RunSpec", "RunTag", "CHAIN", "TREE", "SPEC_FILE", "SPEC_VERSION", "read_spec", "write_spec"]

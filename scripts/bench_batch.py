@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mars_bench.decode import DecodeConfig, Method  # noqa: E402
-from mars_bench.decode.batch import Request, generate_batch  # noqa: E402
+from mars_bench.decode.generate import Request, generate_batch  # noqa: E402
 from mars_bench.models.pairs import eos_ids  # noqa: E402
 from mars_bench.records import TAU_DEFINITION  # noqa: E402
 

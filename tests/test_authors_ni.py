@@ -224,6 +224,8 @@ def test_registration_as_dicts_and_the_legacy_fallback():
 
 # ---- the mean over tasks in the main table ---------------------------------------------------------------
 def test_main_table_mean_over_tasks():
+    import pandas as pd
+
     from mars_bench.report.tables import mean_rows
 
     def row(task, label, speedup, tau, sa, ta):
@@ -232,7 +234,9 @@ def test_main_table_mean_over_tasks():
                 "speedup_authors": sa, "tau_authors": ta}
     rows = [row("gsm8k", "sd", 2.0, 3.0, 1.5, 4.0), row("humaneval", "sd", 3.0, 4.0, None, 5.0),
             row("gsm8k", "ar", 1.0, 1.0, None, 1.1)]
-    (mean,) = mean_rows(rows)                                # ar is on one task only: no mean row
+    means = mean_rows(pd.DataFrame(rows))                    # ar is on one task only: no mean row
+    assert len(means) == 1
+    mean = means.iloc[0]
     assert mean["task"] == "mean of 2 tasks (gsm8k, humaneval)" and mean["label"] == "sd"
     assert (mean["speedup"], mean["tau"], mean["tau_authors"]) == pytest.approx((2.5, 3.5, 4.5))
     assert mean["speedup_authors"] is None                   # missing on one task: no mean
@@ -244,14 +248,14 @@ def test_main_table_has_the_mean_row_for_two_tasks(tmp_path):
     import shutil
     from pathlib import Path
 
-    from mars_bench.report import all_tables, load_runs
+    from mars_bench.report import all_tables, load_frames
 
     src = Path(__file__).parent / "fixtures" / "results" / "worker0" / "toy-pair_fp32_cpu" / "gsm8k-v1"
     for task in ("gsm8k-v1", "gsm8k_copy-v1"):
         shutil.copytree(src, tmp_path / "toy-pair_fp32_cpu" / task)
     sd = tmp_path / "toy-pair_fp32_cpu" / "gsm8k_copy-v1" / "sd-k2-T0-p1-n8-s0" / "samples.jsonl"
     sd.write_text("\n".join(sd.read_text().splitlines()[:2]) + "\n")     # q0, q1 only: other numbers
-    rows = all_tables(load_runs(tmp_path))["main"].rows
+    rows = all_tables(load_frames(tmp_path))["main"].rows
     per_task = {(r["task"], r["label"]): r for r in rows}
     mean = {r["label"]: r for r in rows if r["task"].startswith("mean of")}
     assert set(mean) == {"ar", "sd k=2", "mars θ=0.9 k=2"}
@@ -263,27 +267,37 @@ def test_main_table_has_the_mean_row_for_two_tasks(tmp_path):
     assert mean["sd k=2"]["speedup"] == pytest.approx((20 / 11 + 12 / 7) / 2)
 
 
-def test_old_summary_gets_the_authors_numbers_without_redoing_its_tests(tmp_path):
-    """A current summary written before the authors' formulas were stored: the report adds tau_authors and
-    speedup_authors from samples and keeps the stored quality tests."""
+def test_old_summary_is_restated_whole_by_the_writer(tmp_path):
+    """A summary written before the authors' formulas were stored is stale: the report restates its
+    statistics from samples with the writer's own function (summary.run_stats), in whole, and says so; it
+    never patches single numbers into a stored block."""
     import shutil
     from pathlib import Path
 
-    from mars_bench.report import load_runs
+    from mars_bench import summary as W
+    from mars_bench.report import load_frames
+    from mars_bench.stats import StatsSettings
+    from mars_bench.tasks.base import load_spec
 
     shutil.copytree(Path(__file__).parent / "fixtures" / "results" / "worker0", tmp_path / "r")
-    sd_dir = tmp_path / "r" / "toy-pair_fp32_cpu" / "gsm8k-v1" / "sd-k2-T0-p1-n8-s0"
-    (sd,) = [r for r in load_runs(tmp_path / "r") if r.method == "sd"]
+    task_dir = tmp_path / "r" / "toy-pair_fp32_cpu" / "gsm8k-v1"
+    sd_dir = task_dir / "sd-k2-T0-p1-n8-s0"
+    sd_recs, _ = R.read_samples(sd_dir / "samples.jsonl")
+    ar_recs, _ = R.read_samples(task_dir / "ar-T0-p1-n8-s0" / "samples.jsonl")
+    fidelity = W.fidelity_vs_ar(sd_recs, ar_recs)
+    stats = W.run_stats(sd_recs, ar_recs, None, StatsSettings(), W.from_registration(load_spec("gsm8k")["metrics"]),
+                        fidelity=fidelity)
+    stats = {k: v for k, v in stats.items() if k not in ("tau_authors", "speedup_authors")}
+    stats["quality_vs_ar"]["accuracy_strict"]["note"] = "stored"       # a marker: restated, so gone
+    totals = {k: v for k, v in R.totals(sd_recs).items() if k not in ("tau_authors", "idx_authors")}
+    speedup = {k: v for k, v in R.speedup(sd_recs, ar_recs).items() if not k.startswith("speedup_authors")}
     old = json.loads((sd_dir / "summary.json").read_text())
-    stats = {k: v for k, v in sd.stats.items() if k not in ("tau_authors", "speedup_authors")}
-    stats["quality_vs_ar"]["accuracy_strict"]["note"] = "stored"       # a marker: kept, not recomputed
-    totals = {k: v for k, v in sd.totals.items() if k not in ("tau_authors", "idx_authors")}
-    speedup = {k: v for k, v in sd.speedup.items() if not k.startswith("speedup_authors")}
     (sd_dir / "summary.json").write_text(json.dumps({**old, "stats": stats, "totals": totals, "speedup": speedup,
-                                                     "fidelity": sd.fidelity}))
-    (sd,) = [r for r in load_runs(tmp_path / "r") if r.method == "sd"]
-    assert sd.stats["quality_vs_ar"]["accuracy_strict"]["note"] == "stored"
-    assert sd.stats["speedup_authors"]["value"] == pytest.approx(12 / 7)           # 4 / (7/3), as in test_report
-    assert sd.stats["tau_authors"]["value"] == pytest.approx(22 / 8) and sd.totals["tau_authors"] == pytest.approx(22 / 8)
-    assert sd.speedup["speedup_authors"] == pytest.approx(12 / 7)
-    assert any("the authors' tau and the authors' speedup computed" in n for n in sd.notes)
+                                                     "fidelity": fidelity}))
+    runs = load_frames(tmp_path / "r").runs
+    sd = runs[runs["method"] == "sd"].iloc[0]
+    assert sd["vs_ar/accuracy_strict/note"] != "stored"
+    assert sd["speedup_authors"] == pytest.approx(12 / 7)           # 4 / (7/3), as in test_report
+    assert (sd["speedup_authors_lo"], sd["speedup_authors_hi"]) == pytest.approx((4 / 3, 2.0))
+    assert sd["tau_authors"] == pytest.approx(22 / 8) and sd["tau_authors_lo"] == pytest.approx(8 / 3)
+    assert "intervals and tests computed from samples.jsonl by the report (summary.json's are stale)" in sd["notes"]

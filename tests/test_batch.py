@@ -3,8 +3,10 @@
 import pytest
 import torch
 
-from mars_bench.decode import DecodeConfig, Method, generate, rules
-from mars_bench.decode.batch import Request, _speculative_step, _Row, check_memory, generate_batch
+from mars_bench.decode import DecodeConfig, Method, generate
+from mars_bench.decode.backend import check_memory
+from mars_bench.decode.engine import Batch, Request
+from mars_bench.decode.generate import generate_batch
 from mars_bench.tags import RunTag
 
 from .conftest import EOS, MAX_NEW
@@ -139,18 +141,13 @@ def test_ragged_cache_after_many_steps_equals_fresh_forwards(tiny, prompts):
     target, draft, tok = tiny
     cfg = DecodeConfig(max_new_tokens=400)
     picks = [prompts[0], prompts[-1], prompts[3]]
-    rows = [_Row(Request(list(p)), tok, cfg, target.device, 3) for p in picks]
-    for m in (target, draft):
-        m.batch_reset(3)
-        for b, p in enumerate(picks):
-            m.batch_prefill(b, p[:-1])
+    batch = Batch(target, draft, tok, Method("sd", k=6), cfg, 3)
+    rows = [batch.admit(Request(list(p)), b) for b, p in enumerate(picks)]
     compacted = rejections = 0
-    method = Method("sd", k=6)
     for _ in range(40):
         width = target.batch_width
-        committed = _speculative_step(target, draft, rows, method, rules.exact, cfg, {})
-        for r, c in zip(rows, committed):
-            r.seq += c
+        batch.step()
+        for r in rows:
             rejections += r.res.accepted[-1] < 6
         compacted += target.batch_width < width
         assert target.batch_lens == [len(r.seq) - 1 for r in rows]
@@ -199,23 +196,19 @@ def test_memory_check_names_the_largest_batch_that_fits(tiny):
         check_memory([target, None], 2, 100, 5, available=1000)
 
 
-def test_trees_refuse_batches_and_batch_size_is_checked():
+def test_batch_size_is_checked_and_trees_batch():
     from hydra import compose, initialize_config_dir
 
     from mars_bench import config as C
-    from mars_bench.decode.batch import generate_batch as gb
 
     C.register()
     from .conftest import ROOT
     with initialize_config_dir(config_dir=str(ROOT / "mars_bench" / "conf"), version_base="1.3"):
-        for over, msg in ((["method=sd_tree", "batch_size=2"], "trees decode at batch_size=1 only"),
-                          (["method=sd", "batch_size=0"], "batch_size=0; allowed: an integer >= 1")):
-            cfg = compose(config_name="config", overrides=["model=tiny", *over])
-            with pytest.raises(C.ConfigError, match=msg):
-                C.validate(cfg)
-        C.validate(compose(config_name="config", overrides=["model=tiny", "method=mars", "batch_size=4"]))
-    with pytest.raises(ValueError, match="batch size 1"):
-        gb(None, None, None, [], Method("sd_tree"), DecodeConfig(), 2, lambda r, s: None)
+        cfg = compose(config_name="config", overrides=["model=tiny", "method=sd", "batch_size=0"])
+        with pytest.raises(C.ConfigError, match="batch_size=0; allowed: an integer >= 1"):
+            C.validate(cfg)
+        for method in ("mars", "sd_tree", "mars_tree", "lookup"):
+            C.validate(compose(config_name="config", overrides=["model=tiny", f"method={method}", "batch_size=4"]))
 
 
 def test_run_tag_batch_part():

@@ -10,7 +10,7 @@ import torch
 from scipy.stats import chisquare
 
 from mars_bench.decode import DecodeConfig, Method, generate
-from mars_bench.decode.batch import Request, generate_batch
+from mars_bench.decode.generate import Request, generate_batch
 
 from .test_sampling_mc import DRAFT, TARGET, BigramLM, NoText, exact_joint
 

@@ -14,11 +14,11 @@ from pathlib import Path
 from mars_bench.records import read_samples
 
 from .conftest import data_dir
+from .rundirs import find_run, labels, run_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 12
 ARGS = ["model=tiny", "method=mars", "method.theta=0.9", "method.k=3", "max_new_tokens=24", "progress=false"]
-RUN = "tiny_fp32_cpu/prompts-v1/mars-k3-th0.9{b}-T0-p1-n24-s0"
 
 
 def _cmd(results: Path, *extra) -> list[str]:
@@ -38,10 +38,11 @@ def _outputs(path: Path) -> dict:
 def test_batched_sigkill_then_resume_equals_batch1_run(tmp_path):
     ref = subprocess.run(_cmd(tmp_path / "ref"), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180)
     assert ref.returncode == 0, ref.stderr[-2000:]
-    expected = _outputs(tmp_path / "ref" / RUN.format(b="") / "samples.jsonl")
+    expected = _outputs(run_dir(tmp_path / "ref", *ARGS) / "samples.jsonl")
     assert len(expected) == N
 
-    samples = tmp_path / "cut" / RUN.format(b="-b3") / "samples.jsonl"
+    samples = run_dir(tmp_path / "cut", *ARGS, "batch_size=3") / "samples.jsonl"
+    assert samples.parent.name.startswith("mars-k3-th0.9-b3-T0-p1-n24-s0@")
     proc = subprocess.Popen(_cmd(tmp_path / "cut", "batch_size=3"), cwd=ROOT, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -77,8 +78,9 @@ def test_two_turn_task_batched_equals_batch1(tmp_path):
         r = subprocess.run([sys.executable, "-m", "mars_bench.run", *args, f"batch_size={b}"], cwd=ROOT, env=_env(),
                            capture_output=True, text=True, timeout=180)
         assert r.returncode == 0, r.stderr[-2000:]
-    runs = sorted((tmp_path / "tiny_fp32_cpu").glob("mt_bench-*/sd-k4*"))
-    assert [p.name for p in runs] == ["sd-k4-T0-p1-n12-s0", "sd-k4-b2-T0-p1-n12-s0"]
+    (task_dir,) = (tmp_path / "tiny_fp32_cpu").glob("mt_bench-*")
+    assert labels(task_dir) == ["sd-k4-T0-p1-n12-s0", "sd-k4-b2-T0-p1-n12-s0"]
+    runs = [find_run(task_dir, label) for label in labels(task_dir)]
     one, two = (_outputs(p / "samples.jsonl") for p in runs)
     assert len(one) == 5 and one == two
     assert all(len(turns) == 2 for turns in two.values())
@@ -105,8 +107,8 @@ def test_interleaved_batched_equals_interleaved_batch1(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
     base = tmp_path / "tiny_fp32_cpu" / "prompts-v1"
     for head in ("ar", "sd-k4", "mars-k4-th0.9"):
-        one = _outputs(base / f"{head}-T0-p1-n12-s0" / "samples.jsonl")
-        recs, _ = read_samples(base / f"{head}-b2-T0-p1-n12-s0" / "samples.jsonl")
+        one = _outputs(find_run(base, f"{head}-T0-p1-n12-s0") / "samples.jsonl")
+        recs, _ = read_samples(find_run(base, f"{head}-b2-T0-p1-n12-s0") / "samples.jsonl")
         assert len(one) == 10 and {r["id"]: [t["output_ids"] for t in r["turns"]] for r in recs} == one
         assert len({r["order"] for r in recs}) == 2                         # two chunks, rotated order
         assert {r["timing"] for r in recs} == {"interleaved"} and {r["batch_size"] for r in recs} == {2}

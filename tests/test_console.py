@@ -3,15 +3,14 @@
 the embedded pair's long names, a WMT19 BLEU scale, kernels, non-inferiority tests."""
 from __future__ import annotations
 
-import copy
-import dataclasses
 import io
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from rich.cells import cell_len
 
-from mars_bench.report import load_runs, main
+from mars_bench.report import load_frames, main
 from mars_bench.report.console import WIDTH, render
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "results"
@@ -19,34 +18,34 @@ FIX = Path(__file__).resolve().parent / "fixtures" / "results"
 
 @pytest.fixture(scope="module")
 def fixture_runs():
-    return load_runs(FIX)
+    return load_frames(FIX).runs
 
 
 def realistic_group(runs):
     """The fixture's runs as a second group: WMT19 on the embedded pair at 512 tokens, BLEU on a 0-100 scale,
     the CPU kernel in the summary, an int8 draft in the tags, a non-inferiority verdict on every paired test."""
-    out = []
-    for r in copy.deepcopy(runs):
-        r.model_dir, r.model, r.task_dir, r.task, r.task_version = (
-            "qwen2.5-coder-0.5b-1.5b_bf16_cpu", "qwen2.5-coder-0.5b-1.5b", "wmt19_zh_en-v2", "wmt19_zh_en", 2)
-        r.summary = {**(r.summary or {}), "fast_kernel": ["panel-avx512-bf16"],
-                     "config": {"subset": "paper", "limit": 6}}
-        if r.method != "ar":
-            r.rt = dataclasses.replace(r.rt, draft_quant="int8row")
-        r.metric_directions = {"bleu": "higher"}
-        r.quality = {"bleu": 23.456 + (r.theta or 0)}
-        r.stats = copy.deepcopy(r.stats) or {}
-        if r.method != "ar":
-            verdict = {"margin": 0.47, "passes": r.method == "sd"}
-            r.stats["quality_vs_ar"] = {"bleu": {"delta": -1.234, "lo": -12.345, "hi": 10.987, "p_value": 0.4321,
-                                                 "n": 3, "noninferiority": verdict}}
-        r.stop_reasons = {"max_new_tokens": 0.0, "eos": 1.0, "stop_string": 0.0, "n": 3}
-        out.append(r)
+    out = runs.drop(columns=[c for c in runs.columns if c.startswith(("quality/", "vs_ar/", "vs_sd/"))])
+    out["model_dir"], out["model"], out["task_dir"], out["task"], out["task_version"] = (
+        "qwen2.5-coder-0.5b-1.5b_bf16_cpu", "qwen2.5-coder-0.5b-1.5b", "wmt19_zh_en-v2", "wmt19_zh_en", 2)
+    out["title"] = "qwen2.5-coder-0.5b-1.5b (bf16, cpu) | wmt19_zh_en v2"
+    out["group"] = "qwen2.5-coder-0.5b-1.5b_bf16_cpu/wmt19_zh_en-v2/ar-T0-p1-n8-s0"
+    out["fast_kernel"] = [["panel-avx512-bf16"]] * len(out)
+    out["subset"], out["limit"] = "paper", 6
+    spec = out["method"] != "ar"
+    out["flags"] = [tuple(f) + ("draftint8row",) if s else f for f, s in zip(out["flags"], spec)]
+    out["label"] = [lab + " draftint8row" if s else lab for lab, s in zip(out["label"], spec)]
+    out["metric_directions"], out["metrics"] = [{"bleu": "higher"}] * len(out), [["bleu"]] * len(out)
+    out["quality/bleu"] = 23.456 + out["theta"].fillna(0)
+    test = {"delta": -1.234, "delta_lo": -12.345, "delta_hi": 10.987, "p_value": 0.4321, "n": 3, "ni_margin": 0.47}
+    for k, v in test.items():
+        out[f"vs_ar/bleu/{k}"] = [v if s else None for s in spec]
+    out["vs_ar/bleu/ni_passes"] = [m == "sd" if s else None for m, s in zip(out["method"], spec)]
+    out["truncated"], out["stop/max_new_tokens"], out["stop/eos"], out["stop/stop_string"] = 0.0, 0.0, 1.0, 0.0
     return out
 
 
 def test_table_fits_120_columns_and_cuts_nothing(fixture_runs):
-    text = render(fixture_runs + realistic_group(fixture_runs))
+    text = render(pd.concat([fixture_runs, realistic_group(fixture_runs)], ignore_index=True))
     lines = text.splitlines()
     assert max(cell_len(line) for line in lines) <= WIDTH == 120
     assert "…" not in text                                          # no cell shortened to fit
@@ -73,8 +72,8 @@ def test_cells_by_hand(fixture_runs):
     assert text.count("⚠ samples stopped at max_new_tokens=8") == 1 and "mars θ=0.9 100%" in text
     verdict = {True: "yes", False: "no", None: "–"}                  # the report's own paired tests (stats)
     for line, tag in ((sd, "sd-k2-T0-p1-n8-s0"), (mars, "mars-k2-th0.9-T0-p1-n8-s0")):
-        run = next(r for r in fixture_runs if r.tag == tag)
-        assert line.split()[-2] == verdict[run.stats["quality_vs_ar"]["accuracy_strict"]["noninferiority"]["passes"]]
+        run = fixture_runs[fixture_runs["tag"] == tag].iloc[0]
+        assert line.split()[-2] == verdict[run["vs_ar/accuracy_strict/ni_passes"]]
 
 
 def test_noninferiority_column(fixture_runs):

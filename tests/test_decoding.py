@@ -2,9 +2,8 @@
 import pytest
 import torch
 
-from mars_bench.decode import rules
 from mars_bench.decode import DecodeConfig, Method, generate
-from mars_bench.decode.chain import speculative_step
+from mars_bench.decode.engine import Batch, Request
 
 from .conftest import EOS, MAX_NEW
 
@@ -97,23 +96,21 @@ def test_sampled_decoding_is_seeded(tiny, prompt_ids):
 def test_cache_after_rejections_matches_fresh_forward(tiny, prompt_ids):
     target, draft, tok = tiny
     cfg = DecodeConfig(max_new_tokens=200)
-    seq = list(prompt_ids[2])
-    for m in (target, draft):
-        m.reset()
-        m.forward(seq[:-1], logits=False)
+    batch = Batch(target, draft, tok, Method("sd", k=6), cfg, 1)
+    row = batch.admit(Request(list(prompt_ids[2])), 0)
     rejections = 0
     for _ in range(12):
-        committed, v, _ = speculative_step(target, draft, seq, 6, rules.exact, cfg, None)
-        rejections += v.n_accepted < 6
-        seq += committed
-        assert target.cache_len == len(seq) - 1 and draft.cache_len <= len(seq) - 1
+        batch.step()
+        rejections += row.res.accepted[-1] < 6
+        seq = row.seq
+        assert target.batch_lens == [len(seq) - 1] and draft.batch_lens[0] <= len(seq) - 1
     assert rejections > 0
-    cached = target.forward([seq[-1]])[-1]
+    cached = target.batch_forward([[seq[-1]]])[0][-1]
     with torch.inference_mode():
         fresh = target.model(torch.tensor([seq])).logits[0, -1].float()
     torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
-    catch_up = seq[draft.cache_len:]
-    cached_d = draft.forward(catch_up)[-1]
+    catch_up = seq[draft.batch_lens[0]:]
+    cached_d = draft.batch_forward([catch_up])[0][-1]
     with torch.inference_mode():
         fresh_d = draft.model(torch.tensor([seq])).logits[0, -1, : target.vocab].float()
     torch.testing.assert_close(cached_d, fresh_d, atol=1e-4, rtol=1e-4)

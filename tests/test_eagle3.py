@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from mars_bench.decode import rules
 from mars_bench.decode import DecodeConfig, Method
 from mars_bench.decode.drafters.eagle3 import (Eagle3Drafter, Eagle3Head, Eagle3LoadError, feature_layers, load_eagle3_drafter,
                                load_eagle3_head)
 from mars_bench.decode.tree import TreeSpec
-from mars_bench.decode.tree.loop import generate_tree, tree_step
+from mars_bench.decode.engine import Batch, Request
+from mars_bench.decode.generate import generate as generate_tree
 
 from .conftest import EOS, MAX_NEW
 H = 64
@@ -97,15 +97,15 @@ def test_head_cache_equals_a_fresh_run_after_branch_acceptance(tiny, prompt_ids,
     target = tiny[0]
     drafter = load_eagle3_drafter(str(head_dirs["safetensors"]), target)
     spec, cfg = TreeSpec(depth=2, top_k=8, total_tokens=24), DecodeConfig(max_new_tokens=200)
-    seq, branches = list(prompt_ids[0]), 0
-    target.reset()
-    _, hidden = target.forward(seq[:-1], logits=False, hidden_states=True)
-    drafter.prefill(seq, hidden)
+    batch = Batch(target, drafter, tiny[2], Method("eagle3"), cfg, 1, tree=spec)
+    row, branches = batch.admit(Request(list(prompt_ids[0])), 0), 0
     for _ in range(12):
-        committed, t, v = tree_step(target, drafter, seq, spec, rules.exact, cfg, None, budget=50)
-        seq += committed
+        batch.step()
+        (p, v), = batch.last
+        t = p.tree
         branches += any(t.children[t.parents[j]][0] != j for j in v.path)
     assert branches > 0
+    seq, drafter = row.seq, batch.proposer.rows[0]
     incremental = drafter.root(seq)
     fresh = Eagle3Drafter(drafter.head, target)
     with torch.inference_mode():

@@ -42,7 +42,7 @@ def test_interleaved_equals_sequential_and_rotates(tmp_path):
     # the order rotates: sample i starts with method i mod 3, so every method is first once in 3 samples
     firsts = {r["index"]: tag for tag in inter for r in inter[tag] if r["order"] == 0}
     assert len(set(firsts[i] for i in range(3))) == 3
-    s = json.loads(next((tmp_path / "i").rglob("mars-k4-th0.9-T0-p1-n12-s0/summary.json")).read_text())
+    s = json.loads(next((tmp_path / "i").rglob("mars-k4-th0.9-T0-p1-n12-s0@*/summary.json")).read_text())
     assert s["speedup"]["n_common"] == 4 and s["stats"]["speedup"]["lo"] is not None
 
 

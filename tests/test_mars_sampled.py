@@ -15,7 +15,8 @@ import torch
 from scipy.stats import binomtest, chisquare
 
 from mars_bench.decode import DecodeConfig, Method, generate, rules, sampling
-from mars_bench.decode.chain import record_verdict
+from mars_bench.decode.engine import _audit
+from mars_bench.decode.proposers.base import Proposal
 from mars_bench.decode.rules import get_rule
 from mars_bench.decode.types import DecodeResult
 
@@ -44,7 +45,7 @@ def test_top1_accepted_only_by_sampled_top1_always_is_lenient_and_counted():
     # the chain audit records it as a lenient acceptance (what n_relaxed counts)
     res = DecodeResult()
     cv = rules.ChainVerdict(2, ["top1"], [3.0], [2.0], [0], [1], "mars", n_accepted=1)
-    record_verdict(res, cv, 0, [0, 2], False)
+    _audit(res, Proposal([0]), cv, [0, 2])
     assert res.outcome == "R" and [e["clause"] for e in res.relaxed] == ["top1"]
 
 

@@ -9,13 +9,13 @@ import pytest
 from mars_bench import config as C
 from mars_bench import runner as R
 from mars_bench.decode import DecodeConfig, Method, generate
-from mars_bench.decode.batch import Request, generate_batch
+from mars_bench.decode.generate import Request, generate_batch
 from mars_bench.decode.tree.build import TreeSpec
-from mars_bench.decode.tree.loop import generate_tree
+from mars_bench.decode.generate import generate as generate_tree
 from mars_bench.models.pairs import Pair, chat_template_kwargs
 from mars_bench.models.tiny import CHAT_TEMPLATE, tiny_tokenizer
 from mars_bench.system_prompts import SYSTEM_PROMPTS
-from mars_bench.tags import RunTag
+from mars_bench.tags import RunTag, read_spec
 from mars_bench.tasks import Sample, build_messages, get_task
 
 from .test_cli import cfg_of, tiny_cfg
@@ -65,9 +65,10 @@ def test_authors_protocol_runs_end_to_end_in_its_own_run_dirs(tmp_path):
     ar = R.run(tiny_cfg(tmp_path, "protocol=authors", "method=ar", *base))
     mars = R.run(tiny_cfg(tmp_path, "protocol=authors", "method=mars", *base))
     ours = R.run(tiny_cfg(tmp_path, "method=mars", *base))
-    assert Path(mars["run_dir"]).name == "mars-k4-th0.9-sysllama2-afterstep-T0-p1-n24-s0"
-    assert Path(ar["run_dir"]).name == "ar-sysllama2-afterstep-T0-p1-n24-s0"
-    assert Path(ours["run_dir"]).name == "mars-k4-th0.9-T0-p1-n24-s0" != Path(mars["run_dir"]).name
+    assert read_spec(mars["run_dir"]).label == "mars-k4-th0.9-sysllama2-afterstep-T0-p1-n24-s0"
+    assert read_spec(ar["run_dir"]).label == "ar-sysllama2-afterstep-T0-p1-n24-s0"
+    assert read_spec(ours["run_dir"]).label == "mars-k4-th0.9-T0-p1-n24-s0"
+    assert Path(ours["run_dir"]).name != Path(mars["run_dir"]).name
     assert mars["speedup"]["n_common"] == 2   # compared with the ar run under the same protocol
     tok = tiny_tokenizer()
     recs = {p: [json.loads(x) for x in (Path(s["run_dir"]) / "samples.jsonl").read_text().splitlines()]

@@ -17,13 +17,15 @@ import pytest
 from mars_bench.locking import Claims
 from mars_bench.records import read_samples
 
+from . import rundirs
+
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["method=mars", "model=tiny", "method.theta=0.9", "method.k=3", "progress=false"]
 
 
-def _run_dir(n_new: int, method: str = "mars") -> Path:
-    tag = "mars-k3-th0.9" if method == "mars" else "ar"
-    return Path(f"tiny_fp32_cpu/prompts-v1/{tag}-T0-p1-n{n_new}-s0")
+def _run_dir(results: Path, n_new: int, method: str = "mars") -> Path:
+    """The run directory of ``_cmd(results, ..., n_new)`` (method mars or ar), named by its spec."""
+    return rundirs.run_dir(results, f"method={method}", *ARGS[1:], f"max_new_tokens={n_new}")
 
 
 def _cmd(results: Path, limit: int, n_new: int = 24, *extra: str, args=ARGS) -> list[str]:
@@ -67,12 +69,12 @@ def test_two_processes_share_the_work(tmp_path):
     n, n_new = 24, 48
     ref = _run(_cmd(tmp_path / "ref", n, n_new))
     assert ref.returncode == 0, ref.stderr[-2000:]
-    expected = {r["id"]: r["turns"][0]["output_ids"] for r in _lines(tmp_path / "ref" / _run_dir(n_new) / "samples.jsonl")}
+    expected = {r["id"]: r["turns"][0]["output_ids"] for r in _lines(_run_dir(tmp_path / "ref", n_new) / "samples.jsonl")}
     procs = [subprocess.Popen(_cmd(tmp_path / "shared", n, n_new), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    recs = _lines(tmp_path / "shared" / _run_dir(n_new) / "samples.jsonl")
+    recs = _lines(_run_dir(tmp_path / "shared", n_new) / "samples.jsonl")
     ids = [r["id"] for r in recs]
     assert len(ids) == n and len(set(ids)) == n          # each sample decoded (and written) exactly once
     assert {r["id"]: r["turns"][0]["output_ids"] for r in recs} == expected
@@ -80,14 +82,14 @@ def test_two_processes_share_the_work(tmp_path):
     assert len(writers) == 2, writers                     # both processes did part of the work
     for out in outs:                                      # and both summarized the complete run
         assert "'n_relaxed'" in out
-    summary = json.loads((tmp_path / "shared" / _run_dir(n_new) / "summary.json").read_text())
+    summary = json.loads((_run_dir(tmp_path / "shared", n_new) / "summary.json").read_text())
     assert summary["totals"]["n_samples"] == n
 
 
 def test_samples_held_elsewhere_are_skipped_then_taken_when_the_holder_dies(tmp_path):
     """This test process holds two claims: the CLI decodes the others first, then waits; one holder 'finishes'
     (its record appended), the other 'dies' (claim dropped without a record): the CLI takes that one over."""
-    run_dir = tmp_path / _run_dir(24)
+    run_dir = _run_dir(tmp_path, 24)
     held = Claims(run_dir)
     assert held.take("p02") and held.take("p04")
     proc = subprocess.Popen(_cmd(tmp_path, 6), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
@@ -112,7 +114,7 @@ def test_samples_held_elsewhere_are_skipped_then_taken_when_the_holder_dies(tmp_
 
 
 def test_stale_lock_of_a_killed_process_does_not_block_a_resume(tmp_path):
-    samples = tmp_path / _run_dir(24) / "samples.jsonl"
+    samples = _run_dir(tmp_path, 24) / "samples.jsonl"
     proc = subprocess.Popen(_cmd(tmp_path, 8), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     _wait_lines(proc, samples, 2)
@@ -131,7 +133,7 @@ def test_stale_lock_of_a_killed_process_does_not_block_a_resume(tmp_path):
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_stops_a_multirun_cleanly_and_a_rerun_resumes(tmp_path, sig, code):
     cmd = _cmd(tmp_path, 10, 24, "--multirun", args=["method=mars,ar", *ARGS[1:]])
-    first = tmp_path / _run_dir(24) / "samples.jsonl"
+    first = _run_dir(tmp_path, 24) / "samples.jsonl"
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_lines(proc, first, 3)
     proc.send_signal(sig)
@@ -141,12 +143,12 @@ def test_signal_stops_a_multirun_cleanly_and_a_rerun_resumes(tmp_path, sig, code
     assert signal.Signals(sig).name in line and "resume" in line
     done = len(_lines(first))                               # whole lines only: nothing torn
     assert 3 <= done < 10 and not (first.parent / "summary.json").exists()
-    assert not (tmp_path / _run_dir(24, "ar")).exists()     # the multirun stopped: no later job started
+    assert not (_run_dir(tmp_path, 24, "ar")).exists()     # the multirun stopped: no later job started
     res = _run(cmd)
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"10 samples ({done} already done)" in res.stdout + res.stderr
     for method in ("mars", "ar"):
-        recs = _lines(tmp_path / _run_dir(24, method) / "samples.jsonl")
+        recs = _lines(_run_dir(tmp_path, 24, method) / "samples.jsonl")
         assert len(recs) == 10 == len({r["id"] for r in recs})
 
 
@@ -169,8 +171,8 @@ def small_disk(tmp_path):
 
 
 def test_full_disk_is_one_line_and_loses_nothing(tmp_path, small_disk):
-    results = small_disk("size=8k") / "results"     # 2 pages: config.yaml, then one page of records
-    samples = results / _run_dir(24) / "samples.jsonl"
+    results = small_disk("size=12k") / "results"    # 3 pages: run.json, config.yaml, then one page of records
+    samples = _run_dir(results, 24) / "samples.jsonl"
     res = _run(_cmd(results, 8))
     assert res.returncode == 1, res.stderr[-3000:]
     line = _one_error_line(res.stderr)
@@ -191,7 +193,7 @@ def test_read_only_results_dir_is_one_line_then_resumes(tmp_path, small_disk):
     assert fresh.returncode == 1, fresh.stderr[-3000:]
     assert str(mnt) in _one_error_line(fresh.stderr) and "Read-only file system" in fresh.stderr
     small_disk("rw")
-    samples = results / _run_dir(24) / "samples.jsonl"
+    samples = _run_dir(results, 24) / "samples.jsonl"
     assert _run(_cmd(results, 3)).returncode == 0
     before = samples.read_bytes()
     small_disk("ro")

@@ -3,14 +3,13 @@ its CI, ar at 0, the non-inferiority margin at -margin, and the most aggressive 
 Runs: the hand-made results tree tests/fixtures/results (tests/test_report.py derives its numbers)."""
 from __future__ import annotations
 
-import copy
-import dataclasses
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from matplotlib.container import ErrorbarContainer
 
-from mars_bench.report import load_runs
+from mars_bench.report import load_frames
 from mars_bench.report.figures import rules_frontier, speedup_tau, theta_sensitivity
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "results"
@@ -20,17 +19,18 @@ MARGIN = 0.05
 
 @pytest.fixture(scope="module")
 def group():
-    return load_runs(FIX)
+    return load_frames(FIX).runs
 
 
 def with_verdicts(runs, passing: set[float]):
-    """Copies whose paired tests carry a non-inferiority verdict: passes for the thetas in ``passing``."""
-    out = copy.deepcopy(runs)
-    for r in out:
-        t = ((r.stats or {}).get("quality_vs_ar") or {}).get(METRIC)
-        if t is not None:
-            t["noninferiority"] = {"margin_rel": 0.075, "margin": MARGIN, "bound": -0.01, "p_value": 0.01,
-                                   "passes": r.theta in passing, "n": t["n"], "note": None}
+    """A copy whose paired tests carry a non-inferiority verdict: passes for the thetas in ``passing``."""
+    out = runs.copy()
+    tested = out[f"vs_ar/{METRIC}/n"].notna()
+    verdict = {"margin_rel": 0.075, "margin": MARGIN, "bound": -0.01, "p_value": 0.01, "note": None}
+    for k, v in verdict.items():
+        out[f"vs_ar/{METRIC}/ni_{k}"] = [v if t else None for t in tested]
+    out[f"vs_ar/{METRIC}/ni_passes"] = [(th in passing) if t else None for th, t in zip(out["theta"], tested)]
+    out[f"vs_ar/{METRIC}/ni_n"] = out[f"vs_ar/{METRIC}/n"]
     return out
 
 
@@ -39,7 +39,7 @@ def line_by_label(ax, start: str):
 
 
 def deltas(runs):
-    return {r.theta: r.stats["quality_vs_ar"][METRIC]["delta"] for r in runs if r.relaxed}
+    return {r["theta"]: r[f"vs_ar/{METRIC}/delta"] for _, r in runs.iterrows() if r["relaxed"]}
 
 
 def test_theta_quality_panel_draws_paired_deltas_and_margin(group):
@@ -53,8 +53,8 @@ def test_theta_quality_panel_draws_paired_deltas_and_margin(group):
     xs, ys = mars.lines[0].get_data()
     assert dict(zip(xs, ys)) == pytest.approx(deltas(runs))                   # deltas, not absolute quality
     segs = {round(s[0][0], 6): (s[0][1], s[1][1]) for s in mars.lines[2][0].get_segments()}
-    t9 = next(r for r in runs if r.theta == 0.9).stats["quality_vs_ar"][METRIC]
-    assert segs[0.9] == pytest.approx((t9["lo"], t9["hi"]))                 # its paired CI
+    t9 = runs[runs["theta"] == 0.9].iloc[0]
+    assert segs[0.9] == pytest.approx((t9[f"vs_ar/{METRIC}/delta_lo"], t9[f"vs_ar/{METRIC}/delta_hi"]))  # its paired CI
     (zero,) = line_by_label(ax, "ar (Δ = 0)")
     (margin,) = line_by_label(ax, "non-inferiority margin")
     assert list(zero.get_ydata()) == [0.0, 0.0] and list(margin.get_ydata()) == pytest.approx([-MARGIN, -MARGIN])
@@ -76,23 +76,21 @@ def test_most_aggressive_passing_theta_is_marked(group, passing, marked):
 
 
 def test_theta_panel_without_verdicts_draws_no_margin(group):
-    runs = copy.deepcopy(group)
-    for r in runs:                                  # summaries written before the verdict existed
-        for t in ((r.stats or {}).get("quality_vs_ar") or {}).values():
-            t.pop("noninferiority", None)
+    runs = group.drop(columns=[c for c in group.columns if "/ni_" in c])   # summaries before the verdict existed
     ax = theta_sensitivity(runs).axes[2]
     assert line_by_label(ax, "ar (Δ = 0)") and not line_by_label(ax, "non-inferiority margin")
 
 
 def test_rules_frontier_quality_panel_is_the_paired_delta(group):
     runs = with_verdicts(group, passing={0.9})
-    prob = [dataclasses.replace(copy.deepcopy(r), rt=dataclasses.replace(r.rt, rule="mars_prob"))
-            for r in runs if r.relaxed]
-    fig = rules_frontier(runs + prob)
+    prob = runs[runs["relaxed"]].copy()                          # the same runs as if verified by mars_prob
+    prob["rule"], prob["method"], prob["run"] = "mars_prob", "sd+mars_prob", prob["run"] + "+mars_prob"
+    prob["family"] = "sd+mars_prob " + prob["family"].str.removeprefix("mars ")
+    fig = rules_frontier(pd.concat([runs, prob], ignore_index=True))
     ax = fig.axes[0]
     bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer) and "mars" in c.get_label()]
     assert len(bars) == 2
-    speed = {r.theta: r.speedup["speedup"] for r in runs if r.relaxed}
+    speed = {r["theta"]: r["speedup"] for _, r in runs.iterrows() if r["relaxed"]}
     for c in bars:
         xs, ys = c.lines[0].get_data()
         points, expected = sorted(zip(xs, ys)), sorted((speed[t], d) for t, d in deltas(runs).items())
@@ -103,9 +101,9 @@ def test_rules_frontier_quality_panel_is_the_paired_delta(group):
 
 
 def test_speedup_marker_is_the_authors_formula(group):
-    ax = speedup_tau(copy.deepcopy(group)).axes[0]
+    ax = speedup_tau(group.copy()).axes[0]
     (marks,) = [c for c in ax.collections if "authors' formula" in c.get_label()]
-    by_label = {r.label: r for r in group}
+    by_label = {r["label"]: r for _, r in group.iterrows()}
     order = [t.get_text().split("\n")[0] for t in speedup_tau(group).axes[1].get_xticklabels()]
-    expected = [1.0 if by_label[lab].method == "ar" else by_label[lab].speedup["speedup_authors"] for lab in order]
+    expected = [1.0 if by_label[lab]["method"] == "ar" else by_label[lab]["speedup_authors"] for lab in order]
     assert marks.get_offsets()[:, 1].tolist() == pytest.approx(expected)

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from mars_bench.decode import DecodeConfig, Method, generate
-from mars_bench.decode.chain import generate_chain
 from mars_bench.decode.rules import get_rule
 from mars_bench.decode.tree import TreeSpec
 
@@ -171,8 +170,7 @@ def rederive_chain(tiny, ids, name, s, k, temperature, top_p, seed, claim=None):
     target, draft, tok = tiny
     rule, calls = spy(get_rule(name))
     cfg = DecodeConfig(max_new_tokens=MAX_NEW, temperature=temperature, top_p=top_p, eos_ids=(EOS,))
-    gen = torch.Generator().manual_seed(seed) if temperature > 0 else None
-    res = generate_chain(target, draft, tok, ids, Method("sd", k=k, rule=name), cfg, rule, rule.settings(s), gen)
+    res = generate(target, draft, tok, ids, Method("sd", k=k, rule=name, rule_kwargs=dict(s)), cfg, seed=seed, rule=rule)
     s = rule.settings(s if claim is None else claim)
     V = target.out_vocab
     outcome, relaxed, counts, start, c = "", [], {"standard": 0}, 0, 0

@@ -183,8 +183,9 @@ def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
     from mars_bench.tags import RunTag
 
     def run_tag(cfg, n):
-        return RunTag.from_config(cfg, n).format()
-    from mars_bench.report import all_tables, load_runs
+        return RunTag.from_config(cfg, n).dir_name
+    from mars_bench.report import all_tables, load_frames
+    from mars_bench.report.columns import paired_columns, val
     from mars_bench.summary import summarize_run
     from mars_bench.wandb_logger import summary_values
 
@@ -197,7 +198,7 @@ def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
     task, samples, data_dir, max_new, task_dir = R.prepare(cfg)
     cfg_sd = tiny_cfg(tmp_path, "method=sd", *extra)
     s = summarize_run(task_dir / run_tag(cfg, max_new), task, samples, cfg, data_dir,
-                      ar_dir=task_dir / RunTag.from_config(cfg, max_new).baseline().format(), sd_dir=task_dir / run_tag(cfg_sd, max_new))
+                      ar_dir=task_dir / RunTag.from_config(cfg, max_new).baseline().dir_name, sd_dir=task_dir / run_tag(cfg_sd, max_new))
     on_disk = json.loads((task_dir / run_tag(cfg, max_new) / "summary.json").read_text())
     st = on_disk["stats"]
     assert st["settings"]["n_boot"] == 500                       # cfg.stats reached the module
@@ -220,15 +221,19 @@ def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
     shares = on_disk["stop_reasons"]
     assert shares["n"] == 4 and sum(shares[k] for k in ("max_new_tokens", "eos", "stop_string")) == pytest.approx(1)
     json.dumps(on_disk, allow_nan=False)
-    values = summary_values(s)
-    assert values["stats/speedup/lo"] == st["speedup"]["lo"] and "stats/quality_vs_ar/accuracy_strict/p_value" in values
-    assert values["authors_formula/speedup"] == st["speedup_authors"]["value"]
-    assert values["authors_formula/tau"] == st["tau_authors"]["value"]
-    (mars,) = [r for r in load_runs(tmp_path) if r.method == "mars"]
-    assert mars.stats == st and not any("computed from samples" in n for n in mars.notes)   # read, not redone
-    main = {row["label"]: row for row in all_tables([mars] + [r for r in load_runs(tmp_path) if r.method != "mars"])
-            ["main"].rows}
-    row = main[mars.label]
+    values = summary_values(s)                                   # W&B: the run's row of the report's frames
+    assert values["speedup_lo"] == st["speedup"]["lo"] and "vs_ar/accuracy_strict/p_value" in values
+    assert values["speedup_authors_hi"] == st["speedup_authors"]["hi"]    # the authors' formulas, by their name
+    assert values["tau_authors"] == pytest.approx(st["tau_authors"]["value"])
+    frames = load_frames(tmp_path)
+    mars = frames.runs[frames.runs["method"] == "mars"].iloc[0]
+    assert not any("computed from samples" in n for n in mars["notes"])               # read, not redone
+    for vs in ("ar", "sd"):
+        for metric, t in st[f"quality_vs_{vs}"].items():
+            assert {k: val(mars, k) for k in paired_columns(f"vs_{vs}/{metric}", t)} == \
+                paired_columns(f"vs_{vs}/{metric}", t)
+    main = {row["label"]: row for row in all_tables(frames)["main"].rows}
+    row = main[mars["label"]]
     assert (row["speedup_lo"], row["speedup_hi"]) == (st["speedup"]["lo"], st["speedup"]["hi"])
     assert row["p_d_ar"] == st["quality_vs_ar"]["accuracy_strict"]["p_value"]
     assert row["truncated"] == pytest.approx(100 * shares["max_new_tokens"])
@@ -239,16 +244,18 @@ def test_one_sample_runs_render_notes_not_nan(tmp_path):
     clear note, and no 'nan' anywhere in the tables."""
     from pathlib import Path
 
-    from mars_bench.report import all_tables, load_runs
+    from mars_bench.report import all_tables, load_frames
+    from mars_bench.report.columns import val
 
     fix = Path(__file__).parent / "fixtures" / "results" / "worker0" / "toy-pair_fp32_cpu" / "gsm8k-v1"
     for tag in ("ar-T0-p1-n8-s0", "sd-k2-T0-p1-n8-s0"):
         (tmp_path / "r" / "m_fp32_cpu" / "gsm8k-v1" / tag).mkdir(parents=True)
         first = (fix / tag / "samples.jsonl").read_text().splitlines()[0]
         (tmp_path / "r" / "m_fp32_cpu" / "gsm8k-v1" / tag / "samples.jsonl").write_text(first + "\n")
-    sd = next(r for r in load_runs(tmp_path / "r") if r.method == "sd")
-    assert sd.stats["speedup"]["note"] == "n = 1: one sample, no interval" and sd.stats["speedup"]["lo"] is None
-    tables = all_tables(load_runs(tmp_path / "r"))
+    frames = load_frames(tmp_path / "r")
+    sd = frames.runs[frames.runs["method"] == "sd"].iloc[0]
+    assert sd["speedup_note"] == "n = 1: one sample, no interval" and val(sd, "speedup_lo") is None
+    tables = all_tables(frames)
     row = next(r for r in tables["main"].rows if r["label"] == "sd k=2")
     assert tables["main"].cell(row, "speedup", ".2f[]") == "2.00"          # (8/2) / (8/4), no interval
     for t in tables.values():

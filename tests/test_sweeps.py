@@ -14,6 +14,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from mars_bench import config as C
+from mars_bench.tags import read_spec
+
+from .rundirs import find_run
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -120,7 +123,7 @@ def test_theta_multirun_and_baseline_reuse(tmp_path):
     res = mars_bench("-m", "+sweep=methods", *common)
     assert res.returncode == 0, res.stderr[-2000:]
     task_dir = results / "tiny_fp32_cpu" / "prompts-v1"
-    ar = task_dir / "ar-T0-p1-n12-s0" / "samples.jsonl"
+    ar = find_run(task_dir, "ar-T0-p1-n12-s0") / "samples.jsonl"
     before = (ar.stat().st_mtime_ns, ar.read_bytes())
     assert _lines(ar) == 2
     # a second sweep that needs ar again: the finished ar samples are reused, not recomputed
@@ -128,11 +131,11 @@ def test_theta_multirun_and_baseline_reuse(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert (ar.stat().st_mtime_ns, ar.read_bytes()) == before
     assert res.stdout.count("ar: 2 samples (2 already done)") == 2      # one ar job per theta, both no-ops
-    tags = sorted(p.parent.name for p in task_dir.glob("*/summary.json"))
+    tags = sorted(read_spec(p.parent).label for p in task_dir.glob("*/summary.json"))
     assert tags == ["ar-T0-p1-n12-s0", "mars-k4-th0.85-T0-p1-n12-s0", "mars-k4-th0.9-T0-p1-n12-s0",
                     "mars-k4-th0.95-T0-p1-n12-s0", "sd-k4-T0-p1-n12-s0"]
     for tag in tags[1:]:
-        s = json.loads((task_dir / tag / "summary.json").read_text())
+        s = json.loads((find_run(task_dir, tag) / "summary.json").read_text())
         assert s["totals"]["n_samples"] == 2 and s["speedup"]["n_common"] == 2    # ar existed
     from mars_bench.report import main
 
@@ -153,7 +156,7 @@ def test_submitit_local_launcher(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     task_dir = results / "tiny_fp32_cpu" / "prompts-v1"
     for tag in ("mars-k4-th0.85-T0-p1-n6-s0", "mars-k4-th0.95-T0-p1-n6-s0"):
-        assert json.loads((task_dir / tag / "summary.json").read_text())["totals"]["n_samples"] == 1
+        assert json.loads((find_run(task_dir, tag) / "summary.json").read_text())["totals"]["n_samples"] == 1
     assert list((results / "multirun" / ".submitit").glob("*/*_result.pkl"))     # ran as submitit jobs
 
 
@@ -195,5 +198,5 @@ def test_every_compare_entry_composes_and_validates(hydra_ctx, override):
     for entry in base.interleave:
         cfg = compose("config", overrides=[override, *entry])
         C.validate(cfg)
-        tags.append(RunTag.from_config(cfg, 64).format())
+        tags.append(RunTag.from_config(cfg, 64).dir_name)
     assert len(set(tags)) == len(tags) and tags[0].startswith("ar-")

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from mars_bench.decode import rules
-from mars_bench.decode.tree import loop as tree_loop
+from mars_bench.decode import engine as tree_loop
 from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.models.adapter import CausalLMAdapter
-from mars_bench.decode.drafters import LMDrafter
 from mars_bench.decode.tree import DraftTree, TreeSpec, additive_mask
 from mars_bench.decode.tree.build import _Pool
-from mars_bench.decode.tree.loop import generate_tree, per_depth_acceptance, tree_step
+from mars_bench.decode.engine import Batch, Request, per_depth_acceptance
+from mars_bench.decode.generate import generate as generate_tree
 
 from .conftest import EOS, MAX_NEW
 STATIC = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [2, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 0, 0, 0]]
@@ -124,27 +124,27 @@ def test_mars_tree_relaxed_nodes_satisfy_the_rule(tiny, prompt_ids, temperature,
     assert n > 0
 
 
-def test_kv_compaction_after_a_non_leftmost_branch(tiny, prompt_ids):
+def test_kv_compaction_after_a_non_leftmost_branch(tiny, prompt_ids, record):
     """After accepting a branch that is not the first child, the target's and the draft's caches equal
     a fresh forward of the committed sequence."""
     target, draft, tok = tiny
     cfg = DecodeConfig(max_new_tokens=200)
     spec = TreeSpec(depth=2, top_k=4, total_tokens=14)
     for ids in prompt_ids:
-        seq, d = list(ids), LMDrafter(draft)
-        target.reset()
-        target.forward(seq[:-1], logits=False)
-        d.prefill(seq)
+        batch = Batch(target, draft, tok, Method("sd_tree"), cfg, 1, tree=spec)
+        batch.admit(Request(list(ids)), 0)
+        row = batch.rows[0]
         for _ in range(10):
-            committed, t, v = tree_step(target, d, seq, spec, rules.exact, cfg, None, budget=50)
-            seq += committed
-            assert target.cache_len == len(seq) - 1 and draft.cache_len <= len(seq) - 1
+            batch.step()
+            seq, d = row.seq, batch.proposer.rows[0].lm
+            assert target.batch_lens == [len(seq) - 1] and d.cache_len <= len(seq) - 1
+            t, v = record[-1]
             if non_leftmost(t, v.path) and v.path[-1] in [j for j in range(len(t.tokens)) if t.slots[j] >= 0]:
                 break
         else:
             continue
-        cached = target.forward([seq[-1]])[-1]
-        cached_d = draft.forward(seq[draft.cache_len:])[-1]
+        cached = target.batch_forward([[seq[-1]]])[0][-1]
+        cached_d = d.forward(seq[d.cache_len:])[-1]
         with torch.inference_mode():
             fresh = target.model(torch.tensor([seq])).logits[0, -1].float()
             fresh_d = draft.model(torch.tensor([seq])).logits[0, -1, : target.vocab].float()

@@ -14,13 +14,13 @@ import itertools
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from scipy.stats import binomtest, chisquare
 
 from mars_bench.decode import rules, sampling
 from mars_bench.decode.tree import build as tree_mod
 from mars_bench.decode import DecodeConfig, Method
 from mars_bench.decode.tree import TreeSpec
-from mars_bench.decode.tree.loop import generate_tree
+from mars_bench.decode.generate import generate as generate_tree
 
 V, L, PROMPT = 3, 3, [1, 2]
 gen0 = torch.Generator().manual_seed(0)
@@ -204,3 +204,32 @@ def test_chi_square_detects_value_dependent_pruning(monkeypatch):
     monkeypatch.setattr(tree_mod, "_pick", pick_own_score)
     counts, _ = run(PRUNE_SPEC, 1.0, 1.0, 2500, tables=(PRUNE_TARGET, PRUNE_DRAFT))
     assert pvalue(counts, 2500, table=PRUNE_TARGET) < 1e-6
+
+
+# r > theta at the prompt: raw target logits (3.0, 2.9, 2.95) -> top-1 = 0, top-2 = 2, r = .983; the
+# draft's top-2 children are 1 (outside the target's top-2) then 0 (the target's top-1).
+SKIP_TARGET = TARGET.clone()
+SKIP_TARGET[1, 2] = torch.tensor([3.0, 2.9, 2.95])
+SKIP_DRAFT = DRAFT.clone()
+SKIP_DRAFT[1, 2] = torch.tensor([0.15, 0.8, 0.05]).log()
+
+
+@pytest.mark.parametrize("outside_top2", ["test", "skip"])
+def test_outside_top2_skip_is_the_authors_untested_child(outside_top2):
+    """The authors' MARS tree path (outside_top2=skip): child 1 is outside the target's top-2 while
+    r > theta, so it is rejected untested and child 0 (top-1, r > theta) is accepted outright: the first
+    token is always 0. With the standard test (outside_top2=test, onehot q) child 1 is accepted with
+    probability p_target(1)."""
+    n = 800
+    target, draft = TrigramLM(SKIP_TARGET), TrigramLM(SKIP_DRAFT)
+    cfg = DecodeConfig(max_new_tokens=2, temperature=1.0, top_p=1.0)
+    m = Method("mars_tree", rule_kwargs={"theta": 0.9, "sampled_top1": "margin", "outside_top2": outside_top2})
+    first = [0] * V
+    for i in range(n):
+        res = generate_tree(target, draft, NoText(), PROMPT, m, cfg, seed=i, tree=TreeSpec(**AUTHORS_SPEC))
+        first[res.tokens[0]] += 1
+    if outside_top2 == "skip":
+        assert first == [n, 0, 0]
+    else:
+        p1 = float(torch.softmax(SKIP_TARGET[1, 2], -1)[1])
+        assert first[2] == 0 and binomtest(first[1], n, p1).pvalue > 1e-3

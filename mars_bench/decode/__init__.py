@@ -1,11 +1,13 @@
 """The decoding core: token ids in, ``DecodeResult`` out; it knows nothing of tasks, files or Hydra.
 
   types.py     Method (drafting scheme + rule), DecodeConfig, DecodeResult, Stopper
+  engine.py    the one decoding loop (every method, every batch size): propose, verify, commit
+  proposers/   how drafts are made: LM chain, LM / EAGLE-3 tree, prompt lookup
   rules/       verification rules: pure tensor functions + the RULES registry
-  chain.py     ar and chain speculative decoding (the speculative step on one screen)
-  tree/        draft trees: build, verify, mask, loop
-  drafters/    the LM drafter (trees) and the EAGLE-3 head
-  generate.py  one entry for every method
+  backend.py   what the loop asks of a model and its KV cache (batched; RowByRow for single-sequence models)
+  tree/        draft trees: build, verify, mask
+  drafters/    the LM drafter and the EAGLE-3 head (tree proposers)
+  generate.py  entry points: generate (one prompt), generate_batch
 """
-from .generate import generate  # noqa: F401
+from .generate import generate, generate_batch  # noqa: F401
 from .types import DecodeConfig, DecodeResult, Method, Stopper  # noqa: F401

@@ -1,28 +1,30 @@
-"""``generate``: one prompt, any method; dispatches to the chain or the tree loop (no import cycle)."""
+"""Entry points of the decoding loop (``engine.decode``): one prompt (``generate``) or many, batched
+(``generate_batch``)."""
 from __future__ import annotations
 
-import torch
-
-from .chain import generate_chain
-from .rules import get_rule
-from .types import CHAIN, DecodeConfig, DecodeResult, Method
+from .engine import BatchResult, Request, decode
+from .types import DecodeConfig, DecodeResult, Method
 
 
 def generate(target, draft, tokenizer, prompt: list[int], method: Method, cfg: DecodeConfig,
-             seed: int = 0, tree=None) -> DecodeResult:
-    """Decode one prompt with ``method``; the same stop conditions apply to every method.
+             seed: int = 0, tree=None, rule=None) -> DecodeResult:
+    """Decode one prompt with ``method`` (a batch of one); the same stop conditions apply to every method.
 
-    Randomness: one generator per call, seeded with ``seed`` (the runner derives it per sample), so a
+    Randomness: one generator per request, seeded with ``seed`` (the runner derives it per sample), so a
     sample's output never depends on what else is decoded."""
     if not prompt:
         raise ValueError("empty prompt: at least one token is needed")
-    rule = get_rule(method.rule) if method.speculative else None
-    settings = rule.settings(method.rule_kwargs) if rule else {}
-    if rule:
-        rule.check_mode("chain" if method.name in CHAIN else "tree", cfg.temperature)
-    gen = torch.Generator(device=target.device).manual_seed(seed) if cfg.temperature > 0 else None
-    if method.name in CHAIN:
-        return generate_chain(target, draft, tokenizer, prompt, method, cfg, rule, settings, gen)
-    from .tree.loop import generate_tree
+    out = []
+    decode(target, draft, tokenizer, [Request(list(prompt), seed)], method, cfg, 1,
+           lambda req, res: out.append(res), tree=tree, rule=rule)
+    return out[0]
 
-    return generate_tree(target, draft, tokenizer, prompt, method, cfg, seed, tree)
+
+def generate_batch(target, draft, tokenizer, requests, method: Method, cfg: DecodeConfig, batch_size: int,
+                   on_done, tree=None, rule=None) -> None:
+    """Decode ``requests`` with at most ``batch_size`` in flight; ``on_done(request, result)`` as each
+    finishes (it may return a follow-up request). See ``engine``."""
+    decode(target, draft, tokenizer, requests, method, cfg, batch_size, on_done, tree=tree, rule=rule)
+
+
+__all__ = ["BatchResult", "Request", "generate", "generate_batch"]

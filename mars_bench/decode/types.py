@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CHAIN = ("ar", "sd")                   # decode.chain
-TREE = ("sd_tree", "eagle3")           # decode.tree.loop
+CHAIN = ("ar", "sd", "lookup")         # the target scores a chain of drafts (proposers: none, chain, lookup)
+TREE = ("sd_tree", "eagle3")           # the target scores a draft tree (proposers.tree)
 SCHEMES = CHAIN + TREE
 DRAFT_MODEL = ("sd", "sd_tree")        # schemes that need a separate draft model
+OPTIONS = {"lookup": ("max_ngram", "min_ngram")}   # scheme-specific knobs carried in Method.options
 PRESETS = {"mars": ("sd", "mars"), "mars_tree": ("sd_tree", "mars"), "eagle3_mars": ("eagle3", "mars")}
 METHOD_NAMES = SCHEMES + tuple(PRESETS)   # what `method=` accepts (conf/method/<name>.yaml)
 DEFAULT_K = 4                          # chains: most drafts per step (the schema's default too)
@@ -70,6 +71,7 @@ class Method:
     rule_kwargs: dict = field(default_factory=dict)  # the rule's settings (missing ones: its defaults)
     tree: dict = field(default_factory=dict)         # tree schemes: depth, top_k, total_tokens, static_paths, children
     p_min: float = 0.0              # chains: stop drafting early when the draft's top-1 prob < p_min (0 = fixed k)
+    options: dict = field(default_factory=dict)      # scheme-specific knobs (OPTIONS), e.g. lookup's max_ngram
 
     def __post_init__(self):
         scheme, rule = resolve(self.name, self.rule)

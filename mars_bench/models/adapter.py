@@ -19,6 +19,7 @@ columns gathered to the front) once the width exceeds the longest row by ``COMPA
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import time
 
@@ -74,15 +75,16 @@ class BatchCacheMixin:
         self.bvalid = torch.cat([self.bvalid, self.bvalid.new_zeros(self.batch_rows, extra)], 1)
 
     @torch.inference_mode()
-    def batch_prefill(self, row: int, tokens) -> None:
+    def batch_prefill(self, row: int, tokens, hidden_states: bool = False):
         """Make ``row`` hold ``tokens`` only (a new sequence). They are scored alone, on the single-sequence
-        cache, as ``forward(tokens, logits=False)`` does at batch size 1, then copied into the row."""
+        cache, as ``forward(tokens, logits=False)`` does at batch size 1, then copied into the row.
+        ``hidden_states=True`` returns the forward's per-layer hidden states (None for no tokens)."""
         tokens = list(tokens)
         self.bvalid[row] = False
         if not tokens:
-            return
+            return None
         self.reset()
-        self.forward(tokens, logits=False)
+        out = self.forward(tokens, logits=False, hidden_states=hidden_states)
         n = len(tokens)
         self._widen(n)
         for bl, sl in zip(self.bcache.layers, self.cache.layers):
@@ -94,42 +96,76 @@ class BatchCacheMixin:
             bl.values[row, :, :n] = sl.values[0]
         self.bvalid[row, :n] = True
         self.reset()                                      # the single-sequence cache is free again
+        return out[1] if hidden_states else None
 
     @torch.inference_mode()
-    def batch_forward(self, tokens: list[list[int]]) -> list[torch.Tensor]:
+    def batch_forward(self, tokens: list[list[int]], trees: list | None = None, hidden_states: bool = False):
         """Row b appends ``tokens[b]`` (any count, 0 included) to its sequence; returns per row the raw fp32
-        logits [len(tokens[b]), out_vocab], each row scored as if alone (its own positions and history)."""
+        logits [len(tokens[b]), out_vocab], each row scored as if alone (its own positions and history).
+
+        ``trees[b]`` (None for a plain causal row): a draft tree over the row's fed tokens, with
+        ``parents`` (index of each token's parent among them; -1 = the committed sequence) and ``depths``
+        (position offset from the row's length). A tree token attends to the committed sequence, its
+        ancestors and itself, at position length + depth (``batch_keep`` then keeps the accepted path).
+        ``hidden_states=True``: also the per-layer hidden states, per row a tuple of [1, n_b, H]."""
         rows, n = self.batch_rows, max((len(t) for t in tokens), default=0)
         if len(tokens) != rows:
             raise ValueError(f"batch_forward got {len(tokens)} rows; the batched cache has {rows}")
         if n == 0:
-            return [torch.empty(0, self.out_vocab, device=self.device) for _ in tokens]
+            empty = [torch.empty(0, self.out_vocab, device=self.device) for _ in tokens]
+            return (empty, [None] * rows) if hidden_states else empty
         width, lens = self.batch_width, self.bvalid.sum(1)
+        # one row, a plain chain over a gap-free cache: the causal default, exactly the single-sequence forward
+        trees_or_holes = any(t is not None for t in (trees or [])) or not bool(self.bvalid.all())
         count = torch.tensor([len(t) for t in tokens], device=self.device)
         ids = torch.tensor([list(t) + [PAD_ID] * (n - len(t)) for t in tokens], dtype=torch.long, device=self.device)
         new_ok = torch.arange(n, device=self.device)[None] < count[:, None]                # [B, n]
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-        own = causal[None] & new_ok[:, None, :]                                           # real new tokens
+        own = (causal[None] & new_ok[:, None, :]).clone()                                 # real new tokens
+        offset = torch.arange(n, device=self.device)[None].expand(rows, n).clone()
+        for b, tree in enumerate(trees or []):
+            if tree is not None and len(tokens[b]):
+                m = len(tokens[b])
+                own[b, :m, :m] = _ancestors(tree.parents[:m], self.device)
+                offset[b, :m] = torch.tensor(tree.depths[:m], device=self.device)
         own |= torch.eye(n, dtype=torch.bool, device=self.device)[None]                  # padding sees itself: no empty row
-        allowed = torch.cat([self.bvalid[:, None, :].expand(rows, n, width), own], 2)    # [B, n, W + n]
-        dtype = next(self.model.parameters()).dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
-        mask = mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
-        pos = lens[:, None] + torch.arange(n, device=self.device)[None]
+        pos = lens[:, None] + offset
         if width == 0 or not self._layers():
             self.bcache = self._cache_cls(config=self.model.config)   # nothing cached yet: start the tensors here
-        kwargs = {self._cache_kw: self.bcache, "use_cache": True, "attention_mask": {"full_attention": mask},
-                  "position_ids": pos}
+        kwargs = {self._cache_kw: self.bcache, "use_cache": True, "position_ids": pos}
+        if rows > 1 or trees_or_holes:
+            allowed = torch.cat([self.bvalid[:, None, :].expand(rows, n, width), own], 2)    # [B, n, W + n]
+            dtype = next(self.model.parameters()).dtype
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+            kwargs["attention_mask"] = {"full_attention": mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]}
+        if hidden_states:
+            kwargs["output_hidden_states"] = True
         self._sync()
         t0 = time.perf_counter()
-        z = self.model(input_ids=ids, **kwargs).logits.float()
+        out = self.model(input_ids=ids, **kwargs)
+        z = out.logits.float()
         self._sync()
         self.forward_s += time.perf_counter() - t0
         self.n_forwards += 1
+        self._fed = (width, count.tolist())
         self.bvalid = torch.cat([self.bvalid, new_ok], 1)
         if self.out_vocab != self.vocab:
             z = _map_vocab(z, self.out_vocab)
-        return [z[b, : len(t)] for b, t in enumerate(tokens)]
+        zs = [z[b, : len(t)] for b, t in enumerate(tokens)]
+        if not hidden_states:
+            return zs
+        return zs, [tuple(h[b:b + 1, : len(t)] for h in out.hidden_states) for b, t in enumerate(tokens)]
+
+    @torch.inference_mode()
+    def batch_keep(self, keep: list[list[int]]) -> None:
+        """Of the tokens the last ``batch_forward`` fed, row b keeps only those at indices ``keep[b]``
+        (ascending; a tree's accepted path); then drop columns no row uses."""
+        start, counts = self._fed
+        for b, (idx, n) in enumerate(zip(keep, counts)):
+            drop = sorted(set(range(n)) - set(idx))
+            if drop:
+                self.bvalid[b, torch.tensor(drop, device=self.device) + start] = False
+        self._trim()
 
     @torch.inference_mode()
     def batch_crop(self, lengths: list[int]) -> None:
@@ -211,6 +247,14 @@ class CausalLMAdapter(BatchCacheMixin):
         self.packing = True       # False: ignore the hint (the plain path, for side-by-side benchmarks)
         self.reset()
 
+    def fork(self) -> "CausalLMAdapter":
+        """Another adapter over the same weights with its own (empty) caches: one per sequence where a
+        drafter keeps per-sequence state (tree drafting at batch size > 1)."""
+        twin = copy.copy(self)
+        twin.bcache, twin.bvalid, twin.forward_s, twin.n_forwards = None, None, 0.0, 0
+        twin.reset()
+        return twin
+
     # -- cache -------------------------------------------------------------------------------
     def reset(self) -> None:
         self.cache = self._cache_cls(config=self.model.config)
@@ -276,6 +320,16 @@ class CausalLMAdapter(BatchCacheMixin):
         if z is not None and self.out_vocab != self.vocab:
             z = _map_vocab(z, self.out_vocab)
         return (z, out.hidden_states) if hidden_states else z
+
+
+def _ancestors(parents: list[int], device) -> torch.Tensor:
+    """Bool [m, m]: entry (i, j) is True when j is i or an ancestor of i (parents index earlier tokens; -1 = none)."""
+    m = len(parents)
+    anc = torch.eye(m, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            anc[i] |= anc[p]
+    return anc.to(device)
 
 
 def _map_vocab(z: torch.Tensor, width: int) -> torch.Tensor:

@@ -9,10 +9,11 @@ Problems found while reading (corrupt or truncated sample lines) go to stderr an
 Every number with uncertainty is shown as ``value [lo, hi]`` (95% CI), quality deltas with their p-value,
 n and MDE, and runs with more than 5% of samples cut at max_new_tokens are flagged (``mars_bench.stats``).
 
-Python API (also used by notebooks/analysis.ipynb):
+Python API (also used by notebooks/analysis.ipynb): results as two pandas DataFrames (``frames.py``).
 
-    from mars_bench.report import load_runs, all_tables, group_figures, groups
-    runs = load_runs(["results", "other_worker/results"])
+    from mars_bench.report import all_tables, group_figures, groups, load_frames
+    frames = load_frames(["results", "other_worker/results"])
+    frames.runs, frames.samples        # one row per run / per sample and run
 """
 from __future__ import annotations
 
@@ -22,34 +23,34 @@ from pathlib import Path
 
 from .console import print_console, render
 from .figures import group_figures, make_figures
-from .load import DEFAULT_THETA, Run, groups, load_runs, problems
-from .tables import Table, all_tables, write_tables
+from .frames import DEFAULT_THETA, Frames, groups, load_frames
+from .tables import all_tables, write_tables
+from .writer import Table
 
-__all__ = ["Run", "Table", "all_tables", "group_figures", "groups", "load_runs", "main", "make_figures",
-           "print_console", "problems", "render", "write_report", "run_figures"]
+__all__ = ["Frames", "Table", "all_tables", "group_figures", "groups", "load_frames", "main", "make_figures",
+           "print_console", "render", "write_report", "run_figures"]
 
 
 def write_report(roots, out: str | Path | None = None, theta: float = DEFAULT_THETA,
                  figures: bool = True) -> dict:
-    """Load ``roots``, write tables and figures under ``out``; returns {'runs', 'tables', 'paths', 'out'}."""
+    """Load ``roots``, write tables and figures under ``out``; returns {'frames', 'tables', 'paths', 'out'}."""
     roots = [roots] if isinstance(roots, (str, Path)) else list(roots)
     out = Path(out) if out is not None else Path(roots[0]) / "report"
-    runs = load_runs(roots)
-    tables = all_tables(runs, theta)
+    frames = load_frames(roots)
+    tables = all_tables(frames.runs, theta)
     paths = write_tables(tables, out / "tables")
-    figs = make_figures(runs, out / "figures", theta) if figures else []
-    _write_index(out, roots, runs, tables, figs)
-    return {"runs": runs, "tables": tables, "paths": paths + figs, "out": out}
+    figs = make_figures(frames, out / "figures", theta) if figures else []
+    _write_index(out, roots, frames, tables, figs)
+    return {"frames": frames, "tables": tables, "paths": paths + figs, "out": out}
 
 
-def _write_index(out: Path, roots, runs, tables, figs) -> None:
+def _write_index(out: Path, roots, frames: Frames, tables, figs) -> None:
     from ..records import atomic_write_text
 
     lines = ["# mars-bench report", "", f"Results read from: {', '.join(str(r) for r in roots)} "
-             f"({len(runs)} runs). Regenerate with `mars-bench-report {' '.join(str(r) for r in roots)}`.", ""]
-    probs = problems(runs)
-    if probs:
-        lines += ["## Problems (lines skipped)", ""] + [f"- {p}" for p in probs] + [""]
+             f"({len(frames.runs)} runs). Regenerate with `mars-bench-report {' '.join(str(r) for r in roots)}`.", ""]
+    if frames.problems:
+        lines += ["## Problems (lines skipped)", ""] + [f"- {p}" for p in frames.problems] + [""]
     for name, t in tables.items():
         lines += [f"## {name}", "", f"Files: tables/{name}.md, tables/{name}.csv, tables/{name}.tex", "",
                   t.to_markdown(), ""]
@@ -62,21 +63,25 @@ def _write_index(out: Path, roots, runs, tables, figs) -> None:
 def run_figures(run_dir: str | Path, theta: float = DEFAULT_THETA) -> list[Path]:
     """PNG figures of one run, saved to ``<run_dir>/figures``: r distribution and z1 histogram of its
     positions, speedup and tau beside its siblings (same settings). Used by the W&B logger."""
+    from ..tags import read_spec
     from .figures import slug, speedup_tau
     from .logits import r_distribution, z1_histogram
 
-    run_dir = Path(run_dir)
-    runs = load_runs(run_dir.parent)
-    mine = next((r for r in runs if r.tag == run_dir.name), None)
-    if mine is None:
+    run_dir, spec = Path(run_dir), read_spec(run_dir)
+    frames = load_frames(run_dir.parent)
+    runs = frames.runs
+    mine = runs.loc[[s == spec and m == run_dir.parent.parent.name for s, m in zip(runs["spec"], runs["model_dir"])]]
+    if spec is None or mine.empty:
         return []
-    figs = {"speedup_tau": speedup_tau(groups(runs)[mine.settings], theta)}
-    if mine.method != "ar":
-        figs.update(r_distribution=r_distribution(mine, theta), z1_histogram=z1_histogram(mine))
+    run = mine.iloc[0]
+    figs = {"speedup_tau": speedup_tau(runs[runs["group"] == run["group"]], theta)}
+    if run["method"] != "ar":
+        figs.update(r_distribution=r_distribution(run, frames.samples, theta),
+                    z1_histogram=z1_histogram(run, frames.samples))
     paths = []
     for name, fig in figs.items():
         if fig is not None:
-            paths.append(run_dir / "figures" / f"{name}__{slug(mine)}.png")
+            paths.append(run_dir / "figures" / f"{name}__{slug(run)}.png")
             paths[-1].parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(paths[-1], dpi=120)
     return paths
@@ -96,14 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"mars-bench-report: error: {e}", file=sys.stderr)
         return 2
-    for p in problems(res["runs"]):
+    frames = res["frames"]
+    for p in frames.problems:
         print(f"mars-bench-report: warning: {p} (skipped)", file=sys.stderr)
-    if not res["runs"]:
+    if frames.runs.empty:
         print(f"mars-bench-report: no runs found under {', '.join(args.roots)}", file=sys.stderr)
         return 1
-    print_console(res["runs"], args.theta)
+    print_console(frames.runs, args.theta)
     n_fig = sum(p.suffix == ".png" for p in res["paths"])
-    print(f"mars-bench-report: {len(res['runs'])} runs; wrote {len(res['tables'])} tables (md, csv, tex) and "
+    print(f"mars-bench-report: {len(frames.runs)} runs; wrote {len(res['tables'])} tables (md, csv, tex) and "
           f"{n_fig} figures (png, pdf) to {res['out']} (index: {res['out'] / 'report.md'})", file=sys.stderr)
     return 0
 

@@ -1,7 +1,8 @@
-"""Paper figures from ``Run`` objects (matplotlib, object API: no pyplot state, any backend).
+"""Paper figures from ``Frames`` (matplotlib, object API: no pyplot state, any backend).
 
-One figure per settings group (model pair, task, T, p, n, seed); each function returns a ``Figure``
-(or None when the group lacks the runs it needs); ``make_figures`` writes PNG and PDF files.
+One figure per settings group (``frames.groups``: model pair, task and settings); each function takes the
+group's rows of ``Frames.runs`` and returns a ``Figure`` (or None when the group lacks the runs it needs);
+``make_figures`` writes PNG and PDF files.
 
     speedup_tau(group)         speedup over ar (ours; the authors' formula as a marker) and tau per method
     theta_sensitivity(group)   speedup, tau and the paired quality change vs ar against theta, sd (lossless)
@@ -11,18 +12,20 @@ One figure per settings group (model pair, task, T, p, n, seed); each function r
     acceptance_by_depth(group) acceptance rate per draft position
     rules_frontier(group)      speedup against the paired quality change vs ar and against chrF to ar,
                                one line per lossy rule through its knob
-    r_distribution(run), z1_histogram(run)   from .logits (paper Fig. 1d and Fig. 4a)
+    r_distribution(run, samples), z1_histogram(run, samples)   from .logits (paper Fig. 1d and Fig. 4a)
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pandas as pd
 from matplotlib.figure import Figure
 
-from .load import DEFAULT_THETA, Run, groups
+from .columns import val
+from .frames import DEFAULT_THETA, groups, headline, rows
 from .logits import logit_run, r_distribution, z1_histogram
-from .tables import ARROW, headline_metric, quality_ci, quality_p
+from .writer import ARROW
 
 COLORS = {"ar": "#7f7f7f", "sd": "#1f77b4", "mars": "#ff7f0e"}
 plt_rc = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9}
@@ -36,14 +39,14 @@ def _new(ncols: int, width: float = 5.0, height: float = 4.2) -> tuple[Figure, l
     return fig, list(axes)
 
 
-def _suptitle(fig: Figure, what: str, run: Run) -> None:
-    fig.suptitle(f"{what}\n{run.title}  ({run.settings_label})", fontsize=12)
+def _suptitle(fig: Figure, what: str, run) -> None:
+    fig.suptitle(f"{what}\n{run['title']}  ({run['settings_label']})", fontsize=12)
 
 
-def _ci(run: Run, key: str) -> tuple[float, float] | None:
-    """The stored 95% CI of ``run.stats[key]`` (tau, tokens_per_s, speedup), None when there is none."""
-    est = (run.stats or {}).get(key) or {}
-    return (est["lo"], est["hi"]) if est.get("lo") is not None and est.get("hi") is not None else None
+def _ci(run, key: str) -> tuple[float, float] | None:
+    """The 95% CI of the frame column ``key`` (its ``_lo`` / ``_hi``), None when there is none."""
+    lo, hi = val(run, f"{key}_lo"), val(run, f"{key}_hi")
+    return (lo, hi) if lo is not None and hi is not None else None
 
 
 def _yerr(values, cis) -> list[list[float]]:
@@ -53,8 +56,8 @@ def _yerr(values, cis) -> list[list[float]]:
     return [lo, hi]
 
 
-def _n_label(runs: list[Run]) -> str:
-    ns = sorted({r.n_samples for r in runs})
+def _n_label(runs: list) -> str:
+    ns = sorted({val(r, "n", 0) for r in runs})
     return f"n = {ns[0]} samples" if len(ns) == 1 else f"n = {ns[0]}-{ns[-1]} samples"
 
 
@@ -62,25 +65,25 @@ def _mark_default(ax, theta: float) -> None:
     ax.axvline(theta, color="k", ls=":", lw=1.2, label=f"default θ={theta:g}")
 
 
-def speedup_tau(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:
-    runs = [r for r in group if r.totals.get("tau")]
-    if not runs or all(r.method == "ar" for r in runs):
+def speedup_tau(group: pd.DataFrame, theta: float = DEFAULT_THETA) -> Figure | None:
+    runs = [r for r in rows(group) if val(r, "tau")]
+    if not runs or all(r["method"] == "ar" for r in runs):
         return None
     fig = Figure(figsize=(max(7.0, 0.75 * len(runs) + 3.0), 7.6), layout="constrained")
     a1, a2 = fig.subplots(2, 1, sharex=True)
     x = list(range(len(runs)))
-    colors = [COLORS.get(r.method, "#ff7f0e" if r.relaxed else "#17becf") for r in runs]
-    hatch = ["//" if r.relaxed and r.theta == theta else "" for r in runs]
-    sp = [1.0 if r.method == "ar" else (r.speedup or {}).get("speedup") for r in runs]
-    mean = [1.0 if r.method == "ar" else (r.speedup or {}).get("speedup_authors") for r in runs]
-    tau = [r.totals.get("tau") for r in runs]
-    sp_ci = [None if r.method == "ar" else _ci(r, "speedup") for r in runs]
+    colors = [COLORS.get(r["method"], "#ff7f0e" if r["relaxed"] else "#17becf") for r in runs]
+    hatch = ["//" if r["relaxed"] and r["theta"] == theta else "" for r in runs]
+    sp = [val(r, "speedup") for r in runs]   # ar: 1
+    mean = [1.0 if r["method"] == "ar" else val(r, "speedup_authors") for r in runs]
+    tau = [val(r, "tau") for r in runs]
+    sp_ci = [None if r["method"] == "ar" else _ci(r, "speedup") for r in runs]
     tau_ci = [_ci(r, "tau") for r in runs]
     a1.bar(x, [v or 0 for v in sp], color=colors, hatch=hatch, edgecolor="k", lw=0.6,
            label="ratio of total tokens/s (bar)")
     a1.errorbar(x, [v or 0 for v in sp], yerr=_yerr(sp, sp_ci), fmt="none", ecolor="k", capsize=4, lw=1,
                 label="95% CI (paired bootstrap)")
-    if any(v is not None for r, v in zip(runs, mean) if r.method != "ar"):
+    if any(v is not None for r, v in zip(runs, mean) if r["method"] != "ar"):
         a1.scatter([i for i, v in zip(x, mean) if v is not None], [v for v in mean if v is not None], marker="D",
                    color="k", zorder=3, s=22, label="authors' formula (◆): mean tokens/s over ar's")
     a1.axhline(1.0, color=COLORS["ar"], ls="--", lw=1, label="ar = 1×")
@@ -99,7 +102,7 @@ def speedup_tau(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None
     a2.set_ylim(0, max([t for t in tau] + [c[1] for c in tau_ci if c]) * 1.3)
     a2.set_ylabel("τ (tokens per target forward)")
     a2.set_title("τ = accepted drafts + 1, per verification step (error bars: 95% CI)")
-    a2.set_xticks(x, [f"{r.label}\nn={r.n_samples}" for r in runs], rotation=30, ha="right")
+    a2.set_xticks(x, [f"{r['label']}\nn={val(r, 'n', 0)}" for r in runs], rotation=30, ha="right")
     a2.set_xlabel("method")
     handles, labels = a1.get_legend_handles_labels()
     if any(hatch):
@@ -116,18 +119,18 @@ PALETTE = ["#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22"]
 REF_PALETTE = ["#1f77b4", "#17becf", "#7f7f7f", "#d62728"]
 
 
-def _theta_series(group: list[Run]) -> tuple[list[tuple[str, list[Run], str]], list[tuple[str, Run, str]]]:
+def _theta_series(group: pd.DataFrame) -> tuple[list[tuple[str, list, str]], list[tuple[str, object, str]]]:
     """([(family label, runs by theta, color)] of margin-aware methods, [(label, run, color)] of the
     lossless references: sd, or tree / EAGLE variants without theta)."""
     fams: dict = {}
-    for r in group:
-        if r.relaxed and r.theta is not None:      # rules with a theta (mars, mars_prob)
-            fams.setdefault(r.family, []).append(r)
-    ordered = sorted(fams.values(), key=lambda rs: (rs[0].method != "mars", rs[0].family_label))
-    series = [(rs[0].family_label, sorted(rs, key=lambda r: r.theta), PALETTE[i % len(PALETTE)])
+    for r in rows(group):
+        if r["relaxed"] and val(r, "theta") is not None:      # rules with a theta (mars, mars_prob)
+            fams.setdefault(r["family"], []).append(r)
+    ordered = sorted(fams.values(), key=lambda rs: (rs[0]["method"] != "mars", rs[0]["family"]))
+    series = [(rs[0]["family"], sorted(rs, key=lambda r: r["theta"]), PALETTE[i % len(PALETTE)])
               for i, rs in enumerate(ordered)]
-    refs = sorted((r for r in group if r.lossless), key=lambda r: (r.method != "sd", r.label))
-    return series, [(r.label, r, REF_PALETTE[i % len(REF_PALETTE)]) for i, r in enumerate(refs)]
+    refs = sorted((r for r in rows(group) if r["lossless"]), key=lambda r: (r["method"] != "sd", r["label"]))
+    return series, [(r["label"], r, REF_PALETTE[i % len(REF_PALETTE)]) for i, r in enumerate(refs)]
 
 
 def _panel(ax, series, refs, value, annotate=None, ci=None) -> None:
@@ -136,11 +139,11 @@ def _panel(ax, series, refs, value, annotate=None, ci=None) -> None:
     ci = ci or (lambda r: None)
     for label, runs, color in series:
         ys = [value(r) for r in runs]
-        ax.errorbar([r.theta for r in runs], [float("nan") if y is None else y for y in ys],
+        ax.errorbar([r["theta"] for r in runs], [float("nan") if y is None else y for y in ys],
                     yerr=_yerr(ys, [ci(r) for r in runs]), fmt="o-", color=color, capsize=3, label=label)
         for r, y in zip(runs, ys):
             if annotate and y is not None:
-                ax.annotate(annotate(r), (r.theta, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+                ax.annotate(annotate(r), (r["theta"], y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     for label, r, color in refs:
         if value(r) is not None:
             ax.axhline(value(r), color=color, ls="--", lw=1.5, label=f"{label} (lossless)")
@@ -148,39 +151,39 @@ def _panel(ax, series, refs, value, annotate=None, ci=None) -> None:
                 ax.axhspan(*ci(r), color=color, alpha=0.12, lw=0)
 
 
-def theta_sensitivity(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:
+def theta_sensitivity(group: pd.DataFrame, theta: float = DEFAULT_THETA) -> Figure | None:
     series, refs = _theta_series(group)
     if not series:
         return None
     fig, (a1, a2, a3) = _new(3, width=4.6, height=4.6)
-    th = [r.theta for _, runs, _ in series for r in runs]
-    _panel(a1, series, refs, lambda r: (r.speedup or {}).get("speedup"), ci=lambda r: _ci(r, "speedup"))
+    th = [r["theta"] for _, runs, _ in series for r in runs]
+    _panel(a1, series, refs, lambda r: val(r, "speedup"), ci=lambda r: _ci(r, "speedup"))
     for label, runs, color in series:
-        authors = [(r.speedup or {}).get("speedup_authors") for r in runs]
+        authors = [val(r, "speedup_authors") for r in runs]
         if any(v is not None for v in authors):
-            a1.plot([r.theta for r in runs], [float("nan") if v is None else v for v in authors],
+            a1.plot([r["theta"] for r in runs], [float("nan") if v is None else v for v in authors],
                     "D:", color=color, ms=4, label=f"{label}: authors' speedup formula")
     a1.axhline(1.0, color=COLORS["ar"], ls="-.", lw=1, label="ar = 1×")
     a1.set_ylabel("speedup over ar (×)")
     a1.set_title("speedup vs θ")
-    _panel(a2, series, refs, lambda r: r.totals.get("tau"), ci=lambda r: _ci(r, "tau"))
+    _panel(a2, series, refs, lambda r: val(r, "tau"), ci=lambda r: _ci(r, "tau"))
     a2.set_ylabel("τ (tokens per target forward)")
     a2.set_title("τ vs θ")
     first = series[0][1]
     runs_all = [r for _, runs, _ in series for r in runs] + [r for _, r, _ in refs]
-    metric = next((headline_metric(r) for r in runs_all if headline_metric(r)), None)
+    metric = next((headline(r) for r in runs_all if headline(r)), None)
     if metric and any(delta_vs_ar(r, metric) is not None for r in runs_all):
-        _delta_panel(a3, series, refs, metric, first[0].metric_directions.get(metric))
+        _delta_panel(a3, series, refs, metric, _direction(first[0], metric))
     elif metric:   # no paired test vs ar (no ar run beside them): absolute quality
-        arrow = ARROW.get(first[0].metric_directions.get(metric), "")
-        _panel(a3, series, refs, lambda r: r.quality.get(metric),
-               annotate=lambda r: f"n={r.quality.get('n', r.n_samples)}", ci=lambda r: quality_ci(r, metric))
+        arrow = ARROW.get(_direction(first[0], metric), "")
+        _panel(a3, series, refs, lambda r: val(r, f"quality/{metric}"),
+               annotate=lambda r: f"n={val(r, 'quality_n', val(r, 'n'))}", ci=lambda r: _ci(r, f"quality/{metric}"))
         a3.set_ylabel(f"{metric} ({arrow} better)")
         a3.set_title("quality vs θ (no ar run: no paired Δ; bars: 95% CI)")
     else:   # no quality metric (e.g. the prompts set): acceptance instead
-        _panel(a3, series, refs, lambda r: r.totals.get("acceptance_rate"))
+        _panel(a3, series, refs, lambda r: val(r, "acceptance_rate"))
         a3.set_ylabel("acceptance rate (accepted / proposed drafts)")
-        a3.set_title(f"acceptance vs θ (task {first[0].task}: no quality metric)")
+        a3.set_title(f"acceptance vs θ (task {first[0]['task']}: no quality metric)")
     for ax in (a1, a2, a3):
         _mark_default(ax, theta)
         ax.set_xlabel("θ (relax when r = z2/z1 > θ)")
@@ -190,37 +193,32 @@ def theta_sensitivity(group: list[Run], theta: float = DEFAULT_THETA) -> Figure 
     return fig
 
 
-def _test_vs_ar(run: Run, metric: str) -> dict:
-    return ((run.stats or {}).get("quality_vs_ar") or {}).get(metric) or {}
+def _direction(run, metric: str) -> str | None:
+    return val(run, "metric_directions", {}).get(metric)
 
 
-def delta_vs_ar(run: Run, metric: str) -> float | None:
+def delta_vs_ar(run, metric: str) -> float | None:
     """The paired quality change of ``metric`` (run - ar on the same samples); None without a paired test."""
-    return _test_vs_ar(run, metric).get("delta")
+    return val(run, f"vs_ar/{metric}/delta")
 
 
-def delta_ci(run: Run, metric: str) -> tuple[float, float] | None:
-    t = _test_vs_ar(run, metric)
-    return (t["lo"], t["hi"]) if t.get("lo") is not None and t.get("hi") is not None else None
+def delta_ci(run, metric: str) -> tuple[float, float] | None:
+    return _ci(run, f"vs_ar/{metric}/delta")
 
 
-def _noninferiority(run: Run, metric: str) -> dict:
-    return _test_vs_ar(run, metric).get("noninferiority") or {}
-
-
-def ni_margin(runs: list[Run], metric: str) -> tuple[float, float | None] | None:
+def ni_margin(runs: list, metric: str) -> tuple[float, float | None] | None:
     """(margin, margin_rel) of the group's non-inferiority tests (one ar score, so one margin); None if absent."""
-    return next(((ni["margin"], ni.get("margin_rel")) for r in runs for ni in [_noninferiority(r, metric)]
-                 if ni.get("margin") is not None), None)
+    return next(((val(r, f"vs_ar/{metric}/ni_margin"), val(r, f"vs_ar/{metric}/ni_margin_rel")) for r in runs
+                 if val(r, f"vs_ar/{metric}/ni_margin") is not None), None)
 
 
-def most_aggressive_passing(runs: list[Run], metric: str) -> Run | None:
+def most_aggressive_passing(runs: list, metric: str):
     """The lowest θ (the most relaxation) whose paired test passes non-inferiority; None when none does."""
-    ok = [r for r in runs if _noninferiority(r, metric).get("passes") is True]
-    return min(ok, key=lambda r: r.theta, default=None)
+    ok = [r for r in runs if val(r, f"vs_ar/{metric}/ni_passes") is True]
+    return min(ok, key=lambda r: r["theta"], default=None)
 
 
-def _zero_and_margin(ax, runs: list[Run], metric: str, direction: str | None) -> None:
+def _zero_and_margin(ax, runs: list, metric: str, direction: str | None) -> None:
     """ar's line (Δ = 0) and, when the tests carry one, the non-inferiority margin on the worse side."""
     ax.axhline(0.0, color=COLORS["ar"], ls="-.", lw=1.5, label="ar (Δ = 0)")
     margin = ni_margin(runs, metric)
@@ -234,10 +232,10 @@ def _delta_panel(ax, series, refs, metric: str, direction: str | None) -> None:
     """Paired Δ vs ar per θ with its 95% CI (what the statistics test), ar's zero line, the margin, the
     significant differences and, per family, the most aggressive θ that passes non-inferiority."""
     _panel(ax, series, refs, lambda r: delta_vs_ar(r, metric),
-           annotate=lambda r: f"n={_test_vs_ar(r, metric).get('n', r.n_samples)}", ci=lambda r: delta_ci(r, metric))
+           annotate=lambda r: f"n={val(r, f'vs_ar/{metric}/n', val(r, 'n'))}", ci=lambda r: delta_ci(r, metric))
     _zero_and_margin(ax, [r for _, rs, _ in series for r in rs] + [r for _, r, _ in refs], metric, direction)
-    sig = [(r.theta, delta_vs_ar(r, metric)) for _, rs, _ in series for r in rs
-           if delta_vs_ar(r, metric) is not None and (quality_p(r, metric) or 1.0) < 1 - _level(r)]
+    sig = [(r["theta"], delta_vs_ar(r, metric)) for _, rs, _ in series for r in rs
+           if delta_vs_ar(r, metric) is not None and val(r, f"vs_ar/{metric}/p_value", 1.0) < 1 - _level(r)]
     if sig:
         ax.scatter(*zip(*sig), marker="*", s=160, color="#d62728", zorder=4,
                    label="differs from ar (p < 0.05, paired test)")
@@ -245,16 +243,16 @@ def _delta_panel(ax, series, refs, metric: str, direction: str | None) -> None:
         best = most_aggressive_passing(rs, metric)
         if best is not None:
             y = delta_vs_ar(best, metric)
-            ax.scatter([best.theta], [y], s=260, facecolors="none", edgecolors="#2ca02c", lw=2.2, zorder=5,
+            ax.scatter([best["theta"]], [y], s=260, facecolors="none", edgecolors="#2ca02c", lw=2.2, zorder=5,
                        label="most aggressive θ passing non-inferiority")
-            ax.annotate(f"θ={best.theta:g} passes", (best.theta, y), fontsize=7, color="#2ca02c", ha="right",
+            ax.annotate(f"θ={best['theta']:g} passes", (best["theta"], y), fontsize=7, color="#2ca02c", ha="right",
                         xytext=(-6, -12), textcoords="offset points")
     ax.set_ylabel(f"Δ {metric} vs ar (paired; {ARROW.get(direction, '')} better)")
     ax.set_title("quality change vs θ (paired Δ vs ar, 95% CI)")
 
 
-def _level(run: Run) -> float:
-    return float(((run.stats or {}).get("settings") or {}).get("level", 0.95))
+def _level(run) -> float:
+    return float(val(run, "level", 0.95))
 
 
 def _theta_limits(th: list[float], theta: float) -> tuple[float, float]:
@@ -274,20 +272,19 @@ def _shared_legend(fig: Figure, axes) -> None:
     fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=ncol)
 
 
-def fidelity_vs_theta(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:
+def fidelity_vs_theta(group: pd.DataFrame, theta: float = DEFAULT_THETA) -> Figure | None:
     series, refs = _theta_series(group)
-    series = [(label, [r for r in runs if r.fidelity], c) for label, runs, c in series]
+    series = [(label, [r for r in runs if val(r, "n_compared") is not None], c) for label, runs, c in series]
     series = [x for x in series if x[1]]
     if not series:
         return None
     fig, axes = _new(3, width=4.6, height=4.6)
-    th = [r.theta for _, runs, _ in series for r in runs]
+    th = [r["theta"] for _, runs, _ in series for r in runs]
     keys = [("pct_identical", "outputs identical to ar (%)"),
             ("median_first_divergence", "median first divergence (token index)"),
             ("mean_chrf_to_ar", "mean chrF of output vs ar (0-100)")]
     for ax, (key, ylabel) in zip(axes, keys):
-        _panel(ax, series, refs, lambda r, key=key: ((r.fidelity or {}).get("aggregate") or {}).get(key),
-               ci=lambda r, key=key: _fidelity_ci(r, key))
+        _panel(ax, series, refs, lambda r, key=key: val(r, key), ci=lambda r, key=key: _ci(r, key))
         _mark_default(ax, theta)
         ax.set_xlabel("θ (relax when r = z2/z1 > θ)")
         ax.set_ylabel(ylabel)
@@ -296,33 +293,26 @@ def fidelity_vs_theta(group: list[Run], theta: float = DEFAULT_THETA) -> Figure 
     axes[1].set_title("over samples that differ from ar")
     axes[0].set_ylim(-3, 103)
     first = series[0][1][0]
-    _suptitle(fig, f"Fidelity to ar vs θ (n={first.fidelity['aggregate'].get('n')} samples compared)", first)
+    _suptitle(fig, f"Fidelity to ar vs θ (n={val(first, 'n_compared')} samples compared)", first)
     return fig
 
 
-def _fidelity_ci(run: Run, key: str) -> tuple[float, float] | None:
-    """Stored 95% CI of a fidelity aggregate (identical share, mean chrF to ar) over the same samples."""
-    est = (((run.stats or {}).get("fidelity") or {}).get(key)) or {}
-    same = est.get("n") == ((run.fidelity or {}).get("aggregate") or {}).get("n")
-    return (est["lo"], est["hi"]) if same and est.get("lo") is not None and est.get("hi") is not None else None
-
-
-def acceptance_by_depth(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:
-    runs = [r for r in group if r.method != "ar" and r.totals.get("acceptance_per_depth")]
+def acceptance_by_depth(group: pd.DataFrame, theta: float = DEFAULT_THETA) -> Figure | None:
+    runs = [r for r in rows(group) if r["method"] != "ar" and val(r, "acceptance_per_depth")]
     if not runs:
         return None
     fig, (ax,) = _new(1, width=8.5, height=5.5)
     cmap = __import__("matplotlib").colormaps["viridis"]
-    mars = [r for r in runs if r.relaxed]
+    mars = [r["run"] for r in runs if r["relaxed"]]
     for r in runs:
-        acc = r.totals["acceptance_per_depth"]
-        if r.relaxed:
-            i = mars.index(r)
+        acc = r["acceptance_per_depth"]
+        if r["relaxed"]:
+            i = mars.index(r["run"])
             style = {"color": cmap(i / max(1, len(mars) - 1) * 0.9), "marker": "o",
-                     "lw": 2.5 if r.theta == theta else 1.2}
+                     "lw": 2.5 if r["theta"] == theta else 1.2}
         else:
-            style = {"color": COLORS.get(r.method, "#17becf"), "marker": "s", "ls": "--", "lw": 2}
-        ax.plot(range(1, len(acc) + 1), acc, label=r.label + (" (default)" if r.theta == theta else ""), **style)
+            style = {"color": COLORS.get(r["method"], "#17becf"), "marker": "s", "ls": "--", "lw": 2}
+        ax.plot(range(1, len(acc) + 1), acc, label=r["label"] + (" (default)" if r["theta"] == theta else ""), **style)
     ax.set_xlabel("draft position (depth)")
     ax.set_ylabel("acceptance rate at depth")
     ax.set_ylim(0, 1.02)
@@ -332,48 +322,48 @@ def acceptance_by_depth(group: list[Run], theta: float = DEFAULT_THETA) -> Figur
     return fig
 
 
-def rules_frontier(group: list[Run], theta: float = DEFAULT_THETA) -> Figure | None:
+def rules_frontier(group: pd.DataFrame, theta: float = DEFAULT_THETA) -> Figure | None:
     """Verification rules side by side: speedup over ar (x) against the paired quality change vs ar (with
     the non-inferiority margin; absolute quality when no run has a paired test) and against fidelity (chrF
     to ar) (y), one line per lossy rule through its sweep knob's values, the lossless run as the
     reference point; error bars are the stored 95% CIs. Drawn when the group holds >= 2 lossy rules."""
-    lossy = [r for r in group if r.relaxed and r.sweep_value is not None]
-    if len({r.rt.rule for r in lossy}) < 2:
+    lossy = [r for r in rows(group) if r["relaxed"] and val(r, "sweep_value") is not None]
+    if len({r["rule"] for r in lossy}) < 2:
         return None
     fams: dict = {}
     for r in lossy:
-        fams.setdefault(r.family, []).append(r)
-    refs = [r for r in group if r.lossless and r.rt.scheme == lossy[0].rt.scheme]
-    metric = next((headline_metric(r) for r in lossy if headline_metric(r)), None)
+        fams.setdefault(r["family"], []).append(r)
+    refs = [r for r in rows(group) if r["lossless"] and r["scheme"] == lossy[0]["scheme"]]
+    metric = next((headline(r) for r in lossy if headline(r)), None)
     fig, axes = _new(2 if metric else 1, width=5.6, height=4.8)
-    direction = lossy[0].metric_directions.get(metric)
+    direction = _direction(lossy[0], metric)
     paired = metric is not None and any(delta_vs_ar(r, metric) is not None for r in lossy + refs)
     if paired:
         panels = [(axes[0], lambda r: delta_vs_ar(r, metric), lambda r: delta_ci(r, metric),
                    f"Δ {metric} vs ar (paired; {ARROW.get(direction, '')} better)")]
     else:
-        panels = ([(axes[0], lambda r: r.quality.get(metric), lambda r: quality_ci(r, metric),
+        panels = ([(axes[0], lambda r: val(r, f"quality/{metric}"), lambda r: _ci(r, f"quality/{metric}"),
                     f"{metric} ({ARROW.get(direction, '')} better)")] if metric else [])
-    panels.append((axes[-1], lambda r: ((r.fidelity or {}).get("aggregate") or {}).get("mean_chrf_to_ar"),
-                   lambda r: _fidelity_ci(r, "mean_chrf_to_ar"), "chrF to the ar output (100 = identical)"))
-    sp = lambda r: (r.speedup or {}).get("speedup")  # noqa: E731
+    panels.append((axes[-1], lambda r: val(r, "mean_chrf_to_ar"), lambda r: _ci(r, "mean_chrf_to_ar"),
+                   "chrF to the ar output (100 = identical)"))
+    sp = lambda r: val(r, "speedup")  # noqa: E731
     for ax, y, yci, ylabel in panels:
-        for i, (fam, runs) in enumerate(sorted(fams.items(), key=lambda kv: (kv[1][0].method != "mars", kv[0]))):
-            runs = sorted(runs, key=lambda r: r.sweep_value)
+        for i, (fam, runs) in enumerate(sorted(fams.items(), key=lambda kv: (kv[1][0]["method"] != "mars", kv[0]))):
+            runs = sorted(runs, key=lambda r: r["sweep_value"])
             xs, ys = [sp(r) for r in runs], [y(r) for r in runs]
             ax.errorbar([float("nan") if v is None else v for v in xs], [float("nan") if v is None else v for v in ys],
                         xerr=_yerr(xs, [_ci(r, "speedup") for r in runs]), yerr=_yerr(ys, [yci(r) for r in runs]),
-                        fmt="o-", color=PALETTE[i % len(PALETTE)], capsize=3, label=runs[0].family_label)
+                        fmt="o-", color=PALETTE[i % len(PALETTE)], capsize=3, label=fam)
             for r, xv, yv in zip(runs, xs, ys):
                 if xv is not None and yv is not None:
-                    ax.annotate(f"{r.sweep_knob}={r.sweep_value:g}", (xv, yv), fontsize=7, xytext=(3, 3),
+                    ax.annotate(f"{r['sweep_knob']}={r['sweep_value']:g}", (xv, yv), fontsize=7, xytext=(3, 3),
                                 textcoords="offset points")
         for j, r in enumerate(refs):
             xv, yv = sp(r), y(r)
             if xv is not None and yv is not None:
                 ax.errorbar([xv], [yv], xerr=_yerr([xv], [_ci(r, "speedup")]), yerr=_yerr([yv], [yci(r)]), fmt="*",
-                            ms=13, color=REF_PALETTE[j % len(REF_PALETTE)], capsize=3, label=f"{r.label} (lossless)")
-        ar = next((r for r in group if r.method == "ar" and y(r) is not None), None)
+                            ms=13, color=REF_PALETTE[j % len(REF_PALETTE)], capsize=3, label=f"{r['label']} (lossless)")
+        ar = next((r for r in rows(group) if r["method"] == "ar" and y(r) is not None), None)
         if paired and ax is not axes[-1]:
             _zero_and_margin(ax, lossy + refs, metric, direction)
         elif ar is not None and ax is not axes[-1]:
@@ -391,17 +381,19 @@ FIGURES = {"speedup_tau": speedup_tau, "theta_sensitivity": theta_sensitivity, "
            "fidelity_vs_theta": fidelity_vs_theta, "acceptance_by_depth": acceptance_by_depth}
 
 
-def slug(run: Run) -> str:
-    s = f"{run.model_dir}__{run.task_dir}__T{run.temperature:g}-p{run.top_p:g}-n{run.max_new_tokens}-s{run.seed}"
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", s)
+def slug(run) -> str:
+    """The file name part of a settings group: model dir, task dir and the baseline's settings."""
+    settings = run["spec"].baseline().label.removeprefix("ar-")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{run['model_dir']}__{run['task_dir']}__{settings}")
 
 
-def group_figures(group: list[Run], theta: float = DEFAULT_THETA) -> dict[str, Figure]:
+def group_figures(group: pd.DataFrame, samples: pd.DataFrame, theta: float = DEFAULT_THETA) -> dict[str, Figure]:
+    """Every figure of one settings group (its rows of ``Frames.runs``; ``samples``: ``Frames.samples``)."""
     out = {name: fn(group, theta) for name, fn in FIGURES.items()}
-    run = logit_run(group, theta)
+    run = logit_run(group, samples, theta)
     if run is not None:
-        out["r_distribution"] = r_distribution(run, theta)
-        out["z1_histogram"] = z1_histogram(run)
+        out["r_distribution"] = r_distribution(run, samples, theta)
+        out["z1_histogram"] = z1_histogram(run, samples)
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -413,13 +405,13 @@ def save(fig: Figure, path_stem: Path) -> list[Path]:
     return paths
 
 
-def make_figures(runs: list[Run], out_dir, theta: float = DEFAULT_THETA) -> list[Path]:
+def make_figures(frames, out_dir, theta: float = DEFAULT_THETA) -> list[Path]:
     """Every figure for every settings group, as ``<out_dir>/<figure>__<group>.{png,pdf}``."""
     import matplotlib
 
     paths = []
     with matplotlib.rc_context(plt_rc):
-        for group in groups(runs).values():
-            for name, fig in group_figures(group, theta).items():
-                paths += save(fig, Path(out_dir) / f"{name}__{slug(group[0])}")
+        for group in groups(frames.runs).values():
+            for name, fig in group_figures(group, frames.samples, theta).items():
+                paths += save(fig, Path(out_dir) / f"{name}__{slug(group.iloc[0])}")
     return paths

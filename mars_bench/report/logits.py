@@ -5,65 +5,70 @@ outcome: 'A' exact-accepted (draft == target top-1), 'R' relaxed-accepted (draft
 r = z2/z1 > theta), 'X' rejected. r is only meaningful where z1 > 0 (for z1 <= 0 the ratio flips its
 sense), so the r figure leaves those positions out and says how many.
 
-    r_distribution(run)   paper Fig. 1d: r at A / R / X positions
-    z1_histogram(run)     paper Fig. 4a: top-1 logits z1
+    r_distribution(run, samples)   paper Fig. 1d: r at A / R / X positions
+    z1_histogram(run, samples)     paper Fig. 4a: top-1 logits z1
+
+``run``: a row of ``Frames.runs``; ``samples``: ``Frames.samples`` (the run's rows are used; their z1, z2 and
+outcome columns hold the positions of every turn).
 """
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 
-from .load import DEFAULT_THETA, Run
+from .columns import val
+from .frames import DEFAULT_THETA, rows
 
 OUTCOMES = {"A": ("exact-accepted", "#2ca02c"), "R": ("relaxed-accepted", "#ff7f0e"), "X": ("rejected", "#d62728")}
 
 
-def positions(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(z1, z2, outcome) over every verified draft position of every turn of every sample."""
-    z1, z2, out = [], [], []
-    for rec in run.records:
-        for t in rec.get("turns", []):
-            a, b, o = t.get("z1") or [], t.get("z2") or [], t.get("outcome") or ""
-            n = min(len(a), len(b), len(o))
-            z1 += a[:n]
-            z2 += b[:n]
-            out += list(o[:n])
+def positions(samples: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(z1, z2, outcome) over every verified draft position of the given sample rows."""
+    z1 = [x for xs in samples.get("z1", []) for x in xs]
+    z2 = [x for xs in samples.get("z2", []) for x in xs]
+    out = [o for os_ in samples.get("outcome", []) for o in os_]
     return np.asarray(z1, float), np.asarray(z2, float), np.asarray(out, dtype="<U1")
 
 
-def r_values(run: Run) -> dict:
+def r_values(samples: pd.DataFrame) -> dict:
     """r = z2/z1 per outcome over positions with z1 > 0, and how many positions had z1 <= 0."""
-    z1, z2, out = positions(run)
+    z1, z2, out = positions(samples)
     ok = z1 > 0
     r = np.divide(z2, z1, out=np.full_like(z2, np.nan), where=ok)
     return {"r": {o: r[ok & (out == o)] for o in OUTCOMES}, "n_total": int(z1.size),
             "n_nonpositive": int((~ok).sum())}
 
 
-def logit_run(group: list[Run], theta: float = DEFAULT_THETA) -> Run | None:
+def _of(run, samples: pd.DataFrame) -> pd.DataFrame:
+    return samples[samples["run"] == run["run"]] if len(samples) else samples
+
+
+def logit_run(group: pd.DataFrame, samples: pd.DataFrame, theta: float = DEFAULT_THETA):
     """The run whose positions are drawn: mars at ``theta`` (else another margin-aware method at ``theta``,
     else the one with most samples), else a lossless run (sd first)."""
-    cands = [r for r in group if r.method != "ar" and r.records]
-    cands = [r for r in cands if any(t.get("outcome") for rec in r.records for t in rec.get("turns", []))]
-    for pick in ([r for r in cands if r.method == "mars" and r.theta == theta],
-                 [r for r in cands if r.relaxed and r.theta == theta],
-                 sorted((r for r in cands if r.relaxed), key=lambda r: (r.method != "mars", -r.n_samples)),
-                 sorted(cands, key=lambda r: r.method != "sd")):
+    drawn = set(samples.loc[[bool(o) for o in samples.get("outcome", [])], "run"]) if len(samples) else set()
+    cands = [r for r in rows(group) if r["method"] != "ar" and r["run"] in drawn]
+    for pick in ([r for r in cands if r["method"] == "mars" and r["theta"] == theta],
+                 [r for r in cands if r["relaxed"] and r["theta"] == theta],
+                 sorted((r for r in cands if r["relaxed"]), key=lambda r: (r["method"] != "mars", -val(r, "n", 0))),
+                 sorted(cands, key=lambda r: r["method"] != "sd")):
         if pick:
             return pick[0]
     return None
 
 
-def _title(fig: Figure, what: str, run: Run) -> None:
-    fig.suptitle(f"{what}: {run.label}, {run.n_samples} sample(s)\n{run.title}  ({run.settings_label})", fontsize=12)
+def _title(fig: Figure, what: str, run) -> None:
+    fig.suptitle(f"{what}: {run['label']}, {val(run, 'n', 0)} sample(s)\n{run['title']}  ({run['settings_label']})",
+                 fontsize=12)
 
 
-def r_distribution(run: Run, theta: float | None = None) -> Figure | None:
-    v = r_values(run)
+def r_distribution(run, samples: pd.DataFrame, theta: float | None = None) -> Figure | None:
+    v = r_values(_of(run, samples))
     rs = v["r"]
     if not any(x.size for x in rs.values()):
         return None
-    theta = run.theta if run.theta is not None else theta
+    theta = val(run, "theta", theta)
     allr = np.concatenate([x for x in rs.values() if x.size])
     lo = max(float(np.min(allr)), -1.0)
     lo = min(lo, (theta or 1.0) - 0.1)
@@ -92,8 +97,8 @@ def r_distribution(run: Run, theta: float | None = None) -> Figure | None:
     return fig
 
 
-def z1_histogram(run: Run) -> Figure | None:
-    z1, _, out = positions(run)
+def z1_histogram(run, samples: pd.DataFrame) -> Figure | None:
+    z1, _, out = positions(_of(run, samples))
     if not z1.size:
         return None
     fig = Figure(figsize=(8.5, 4.8), layout="constrained")

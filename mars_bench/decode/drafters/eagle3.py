@@ -31,6 +31,8 @@ with a tree mask, and are dropped from the head's cache after verification.
 """
 from __future__ import annotations
 
+import copy
+
 import json
 import os
 import time
@@ -181,7 +183,7 @@ def feature_layers(n_layers: int, override: list[int] | None = None) -> list[int
 
 
 class Eagle3Drafter:
-    """Drafts trees with an EAGLE-3 head on top of ``target`` (a CausalLMAdapter) for tree_loop."""
+    """Drafts trees with an EAGLE-3 head on top of ``target`` (a CausalLMAdapter), one per sequence (``fork``), for ``proposers.tree``."""
     needs_hidden = True
 
     def __init__(self, head: Eagle3Head, target, own_embedding: torch.Tensor | None = None):
@@ -218,6 +220,13 @@ class Eagle3Drafter:
         self.forward_s += time.perf_counter() - t0
         self.n_forwards += 1
         return out, full
+
+    def fork(self) -> "Eagle3Drafter":
+        """The same head with its own (empty) state: one per sequence of a batch."""
+        twin = copy.copy(self)
+        twin.forward_s, twin.n_forwards = 0.0, 0
+        twin.prefill([0], None)
+        return twin
 
     @property
     def cache_len(self) -> int:

@@ -26,6 +26,12 @@ class LMDrafter:
     def forward_s(self) -> float:
         return self.lm.forward_s
 
+    def fork(self) -> "LMDrafter":
+        """The same drafter with its own (empty) cache: one per sequence of a batch."""
+        from ..backend import fork
+
+        return LMDrafter(fork(self.lm))
+
     def prefill(self, prompt: list[int], hidden=None) -> None:
         self.lm.reset()
         self._slots = None

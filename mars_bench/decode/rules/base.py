@@ -38,6 +38,7 @@ class Verdict:
     accept: torch.Tensor      # BoolTensor[k]
     standard: torch.Tensor    # BoolTensor[k]: the standard test alone, same inputs and uniforms
     clause: torch.Tensor      # LongTensor[k]: 1-based clause of a lenient acceptance, else 0
+    skipped: torch.Tensor | None = None   # BoolTensor[k]: rejected untested (p_target stays as it was)
 
     @property
     def relaxed(self) -> torch.Tensor:
@@ -154,10 +155,12 @@ class Rule:
         in a sampled tree is tested against the residual; the rule's clauses read the target's own)."""
         s = {**self.defaults, **settings}
         std = standard(draft, z, p_target if p_standard is None else p_standard, q_draft, u)
-        accept, clause = self.fn(draft, z, p_target, q_draft, u, std, **s)
+        out = self.fn(draft, z, p_target, q_draft, u, std, **s)
+        accept, clause = out[:2]
+        skipped = out[2] if len(out) > 2 else torch.zeros_like(accept)
         lenient = accept & ~std
         clause = torch.where(lenient, clause.clamp(1, len(self.clauses)), torch.zeros_like(clause))
-        return Verdict(accept, std, clause)
+        return Verdict(accept, std, clause, skipped & ~accept)
 
 
 RULES: dict[str, Rule] = {}
@@ -233,6 +236,7 @@ def verify_chain(rule: Rule, draft: torch.Tensor, logits: torch.Tensor, q_draft:
                  **settings) -> ChainVerdict:
     """Verify a chain of k drafts against k + 1 rows of raw target logits.
 
+    ``q_draft`` None: point-mass drafts (drafted without sampling, e.g. prompt lookup), q = one-hot.
     Row i of ``logits`` is the target's prediction for draft position i; row k predicts the token
     after the last draft. n = first position the rule rejects (k if none). On rejection at n the
     next token is argmax z_n (greedy) or a draw from norm(max(0, p_target_n - q_draft_n)) (the rule's
@@ -242,6 +246,8 @@ def verify_chain(rule: Rule, draft: torch.Tensor, logits: torch.Tensor, q_draft:
     k = draft.shape[0]
     greedy = temperature == 0.0
     p_target = None if greedy else sampling.warp(logits, temperature, top_p)
+    if not greedy and q_draft is None:      # point-mass drafts (prompt lookup): q_draft = one-hot(draft)
+        q_draft = torch.nn.functional.one_hot(draft, logits.shape[-1]).to(p_target.dtype)
     u = None if greedy else torch.rand(k, generator=generator, device=logits.device)
     n, clause = 0, []
     if k:
@@ -251,7 +257,7 @@ def verify_chain(rule: Rule, draft: torch.Tensor, logits: torch.Tensor, q_draft:
         clause = [rule.clauses[c - 1] if c else None for c in v.clause[:n].tolist()]
     if greedy:
         nxt = int(logits[n].argmax(-1))
-    elif n < k and rule.correction == "residual":
+    elif n < k and rule.correction == "residual" and not bool(v.skipped[n]):
         nxt = int(sampling.sample(sampling.residual(p_target[n], q_draft[n]), generator))
     else:
         nxt = int(sampling.sample(p_target[n], generator))

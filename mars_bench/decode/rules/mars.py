@@ -10,7 +10,10 @@ Strict setting (= exact): theta = 1 in greedy decoding (r > 1 never holds); in s
 theta = 1 with sampled_top1 = margin (with ``always`` a top-1 draft is accepted outright, which is
 lossy: issue 16). ``outside_nucleus``: with top_p < 1, ``refuse`` (default) never accepts leniently a
 draft outside the target's nucleus (p_target[d] = 0 after top-p); ``allow`` is the authors' released
-behaviour (their top-1/top-2 come from the unfiltered logits).
+behaviour (their top-1/top-2 come from the unfiltered logits). ``outside_top2`` (sampled): where
+r > theta, a draft that is neither top-1 nor top-2 gets the standard test (``test``, default) or, as
+in the authors' tree code, is rejected untested and leaves p_target as it was for the next sibling
+(``skip``; in a chain the correction token is then drawn from p_target, not the residual).
 """
 from __future__ import annotations
 
@@ -41,8 +44,13 @@ def margin_ratio(z1: torch.Tensor, z2: torch.Tensor, nonpositive_top1: str = "st
     raise ValueError(f"nonpositive_top1={nonpositive_top1!r}; allowed: {', '.join(NONPOSITIVE_TOP1)}")
 
 
-def _clauses(draft, z, p_target, standard, margin, sampled_top1, outside_nucleus):
-    """Shared by both variants: (accept, clause) with clause 1 = top2_margin, 2 = top1."""
+OUTSIDE_TOP2 = Knob("outside_top2", "test", "sampling, r > theta: a draft outside the top-2 gets the standard "
+                    "test | skip: rejected untested, p_target unchanged (the authors' tree code)",
+                    choices=("test", "skip"), tag="top2", sampled_only=True)
+
+
+def _clauses(draft, z, p_target, standard, margin, sampled_top1, outside_nucleus, outside_top2="test"):
+    """Shared by both variants: (accept, clause, skipped) with clause 1 = top2_margin, 2 = top1."""
     _, _, t1, t2 = top2(z)
     top2_ok = (draft == t2) & margin
     top1_ok = draft == t1
@@ -51,15 +59,19 @@ def _clauses(draft, z, p_target, standard, margin, sampled_top1, outside_nucleus
     if outside_nucleus == "refuse":
         inside = in_support(draft, p_target)
         top2_ok, top1_ok = top2_ok & inside, top1_ok & inside
-    accept = standard | top1_ok | top2_ok
+    skipped = torch.zeros_like(top1_ok)
+    if p_target is not None and outside_top2 == "skip":
+        skipped = margin & (draft != t1) & (draft != t2)
+    accept = (standard & ~skipped) | top1_ok | top2_ok
     clause = torch.where(top2_ok, 1, torch.where(top1_ok, 2, 0))
-    return accept, clause
+    return accept, clause, skipped
 
 
-def _mars(draft, z, p_target, q_draft, u, standard, theta, nonpositive_top1, sampled_top1, outside_nucleus):
+def _mars(draft, z, p_target, q_draft, u, standard, theta, nonpositive_top1, sampled_top1, outside_nucleus,
+          outside_top2):
     z1, z2, _, _ = top2(z)
     return _clauses(draft, z, p_target, standard, margin_ratio(z1, z2, nonpositive_top1) > theta,
-                    sampled_top1, outside_nucleus)
+                    sampled_top1, outside_nucleus, outside_top2)
 
 
 def _mars_prob(draft, z, p_target, q_draft, u, standard, theta, sampled_top1, outside_nucleus):
@@ -72,7 +84,7 @@ def _mars_prob(draft, z, p_target, q_draft, u, standard, theta, sampled_top1, ou
 mars = register(Rule(
     "mars", _mars, lossless=False, doc="MARS: accept the target's top-2 when r = z2/z1 > theta (raw logits)",
     knobs=(THETA, Knob("nonpositive_top1", "strict", "strict: never relax when z1 <= 0 | ratio: the authors' "
-                       "z2/(z1+1e-10)", choices=NONPOSITIVE_TOP1), SAMPLED, NUCLEUS),
+                       "z2/(z1+1e-10)", choices=NONPOSITIVE_TOP1), SAMPLED, NUCLEUS, OUTSIDE_TOP2),
     clauses=("top2_margin", "top1"), strict="theta=1 (greedy); theta=1 and sampled_top1=margin (sampled)",
     sweep="theta"))
 

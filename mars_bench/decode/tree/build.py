@@ -33,7 +33,7 @@ How children are chosen (``TreeSpec.children``; greedy decoding always uses ``to
 Drafters (``drafters.lm.LMDrafter`` over a small causal LM; ``drafters.eagle3.Eagle3Drafter``) are asked for
 the root's logits once and for each frontier in one forward per depth; a fed node gets the next
 drafter slot, which is how the drafter's cache is compacted after verification.
-The decoding loop itself is ``tree.loop.generate_tree``.
+The loop that drives them is ``decode.engine`` (through ``proposers.tree``).
 """
 from __future__ import annotations
 

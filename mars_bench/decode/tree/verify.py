@@ -47,8 +47,9 @@ Sampled (temperature > 0), ``verify_sampled``: multi-draft recursive rejection s
   argument applies at every depth given the accepted prefix. ``exact`` is lossless; ``mars`` applies
   its margin clause per node (top-1 accepted outright, top-2 when r > theta), as in the chain.
   The authors' MARS tree path is mars with ``topk_q = draft``, sampled_top1 = margin, nonpositive_top1
-  = ratio, but for one thing: where r > theta their code gives a child outside the top-2 no test (it is
-  skipped and p is left as it was); here it gets the standard test and, on rejection, the residual.
+  = ratio and outside_top2 = skip: where r > theta their code gives a child outside the top-2 no test
+  (it is skipped and p is left as it was); with outside_top2 = test (the default) it gets the standard
+  test and, on rejection, the residual.
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def verify_sampled(rule, tree: DraftTree, z: torch.Tensor, temperature: float, t
                 nxt = c
                 clause.append(_name(rule, int(v.clause[0])))
                 break
-            if rule.correction == "residual":
+            if rule.correction == "residual" and not bool(v.skipped[0]):   # skipped: untested, p stays
                 p = sampling.residual(p, q)
         if nxt is None:
             return _verdict(rule, tree, z, path, clause, int(sampling.sample(p, gen)))

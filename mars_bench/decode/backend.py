@@ -1,0 +1,151 @@
+"""Backends: what the decoding loop asks of a model and its KV cache.
+
+The loop (``engine.decode``) speaks one interface, the batched cache of ``models.adapter``:
+``batch_reset(rows)``, ``batch_prefill(row, tokens, hidden_states)``, ``batch_forward(tokens, trees,
+hidden_states)`` (row b appends its own tokens, a chain or a draft tree; raw logits per row),
+``batch_crop(lengths)``, ``batch_keep(indices)`` (a tree's accepted path), ``batch_select(rows)``,
+``batch_lens``, plus ``device``, ``out_vocab`` and ``forward_s`` (seconds inside forwards).
+``CausalLMAdapter`` implements it natively (one forward scores every row). ``RowByRow`` gives it to any
+single-sequence model (``reset``/``forward``/``crop``/``keep``, e.g. a llama.cpp context or the toy
+models of the Monte Carlo tests): one copy of the model per row, forwards one row after another.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import time
+
+import torch
+
+
+MEMORY_FRACTION = 0.9     # share of the free device memory a batch's KV caches and logits may take
+
+
+def as_backend(model):
+    """``model`` itself when it has the batched interface, else ``RowByRow(model)``; None stays None."""
+    if model is None or hasattr(model, "batch_forward"):
+        return model
+    return RowByRow(model)
+
+
+def fork(model):
+    """A copy of a single-sequence model with its own empty state (``model.fork()`` when it has one)."""
+    if hasattr(model, "fork"):
+        return model.fork()
+    twin = copy.copy(model)
+    twin.reset()
+    return twin
+
+
+def tree_inputs(tree, base: int, device, model=None) -> dict:
+    """``forward`` keywords scoring a draft tree's tokens after ``base`` cached ones on a single sequence:
+    a 4-D additive mask (committed prefix, ancestors, itself) and position ids base + depth."""
+    from .tree.mask import additive_mask
+
+    anc = tree.ancestors().to(device)
+    allowed = torch.cat([torch.ones(len(tree.tokens), base, dtype=torch.bool, device=device), anc], 1)
+    return {"attention_mask": additive_mask(allowed, model),
+            "position_ids": (base + torch.tensor(tree.depths, device=device))[None]}
+
+
+class RowByRow:
+    """The batched cache interface over a single-sequence model: a copy per row, scored one by one."""
+
+    def __init__(self, model):
+        self.model, self.rows, self.forward_s = model, [], 0.0
+        self.device, self.out_vocab = model.device, model.out_vocab
+        self._fed: list[tuple[int, int]] = []
+
+    def expect(self, n_tokens) -> None:
+        if hasattr(self.model, "expect"):
+            self.model.expect(n_tokens)
+
+    def batch_reset(self, rows: int) -> None:
+        self.rows = [fork(self.model) for _ in range(rows)]
+
+    @property
+    def batch_lens(self) -> list[int]:
+        return [r.cache_len for r in self.rows]
+
+    def batch_prefill(self, row: int, tokens, hidden_states: bool = False):
+        m = self.rows[row] = fork(self.model)
+        if not len(tokens):
+            return None
+        out = self._timed(m, list(tokens), logits=False, hidden_states=hidden_states)
+        return out[1] if hidden_states else None
+
+    def batch_forward(self, tokens, trees=None, hidden_states: bool = False):
+        zs, hs, self._fed = [], [], []
+        for b, (m, t) in enumerate(zip(self.rows, tokens)):
+            tree = trees[b] if trees else None
+            self._fed.append((m.cache_len, len(t)))
+            if not len(t):
+                zs.append(torch.empty(0, self.out_vocab, device=self.device))
+                hs.append(None)
+                continue
+            kw = tree_inputs(tree, m.cache_len, self.device, getattr(m, "model", None)) if tree is not None else {}
+            out = self._timed(m, list(t), hidden_states=hidden_states, **kw)
+            z, h = out if hidden_states else (out, None)
+            zs.append(z)
+            hs.append(h)
+        return (zs, hs) if hidden_states else zs
+
+    def batch_crop(self, lengths) -> None:
+        for m, n in zip(self.rows, lengths):
+            m.crop(n)
+
+    def batch_keep(self, keep) -> None:
+        for m, (start, _), idx in zip(self.rows, self._fed, keep):
+            m.keep(torch.tensor(list(range(start)) + [start + i for i in idx], dtype=torch.long))
+
+    def batch_select(self, rows) -> None:
+        self.rows = [self.rows[b] for b in rows]
+
+    def _timed(self, m, tokens, **kw):
+        t0 = time.perf_counter()
+        out = m.forward(tokens, **kw)
+        self.forward_s += time.perf_counter() - t0
+        return out
+
+
+def check_memory(models, batch_size: int, tokens_per_row: int, rows_per_forward: int,
+                 available: int | None = None) -> None:
+    """ValueError (one line, naming the largest batch that fits) when ``batch_size`` rows of
+    ``tokens_per_row`` cached tokens in every model, plus one forward's logits, exceed
+    MEMORY_FRACTION of the free memory of the target's device (``available`` bytes, if given)."""
+    models = [m for m in models if m is not None]
+    device = models[0].device
+    free = available if available is not None else free_memory(device)
+    kv = sum(m.kv_bytes_per_token() for m in models) * (tokens_per_row + _slack())
+    logits = 2 * rows_per_forward * max(m.out_vocab for m in models) * 4    # model output + fp32 copy
+    per_row = kv + logits
+    budget = int(free * MEMORY_FRACTION)
+    if per_row * batch_size <= budget:
+        return
+    fits = budget // per_row
+    gib = 2 ** 30
+    raise ValueError(
+        f"batch_size={batch_size} needs ~{per_row * batch_size / gib:.2f} GiB (KV cache of {tokens_per_row} tokens "
+        f"and logits per row, {per_row / 2 ** 20:.1f} MiB a row) but {MEMORY_FRACTION:.0%} of the free "
+        f"{device.type} memory is {budget / gib:.2f} GiB; the largest batch that fits is "
+        + (f"batch_size={fits}" if fits >= 1 else "none (not even batch_size=1)"))
+
+
+def _slack() -> int:
+    from ..models.adapter import COMPACT_SLACK
+
+    return COMPACT_SLACK
+
+
+def free_memory(device: torch.device) -> int:
+    """Free bytes on ``device``: CUDA's free memory, else the host's MemAvailable."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

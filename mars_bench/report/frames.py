@@ -1,0 +1,175 @@
+"""Results as data: ``load_frames(roots) -> Frames``, the one reader of the report, the notebook and W&B.
+
+    frames = load_frames(["results", "other_worker/results"])
+    frames.runs      one row per run: its spec and every statistic of its summary (``columns.py`` lists
+                     them), and run (its key: model dir/task dir/the spec's directory name), model_dir,
+                     task_dir, spec (the RunSpec), group (model dir/task dir/its ar baseline's directory name:
+                     the runs compared with each other), baseline and reference (the keys of its ar run and of its lossless
+                     reference, matched by spec), sd_tag, metrics (the task's, in declared order), title,
+                     dirs, problems (unreadable lines), notes (what was merged or restated)
+    frames.samples   one row per sample and run (``columns.sample_row``), with run (the key) and the
+                     output's fidelity to ar's (identical_to_ar, first_divergence, chrf_to_ar)
+
+Runs come sorted: by model dir, task dir and settings, then ar, the lossless methods, the lossy rules, each by
+method, k, flags and sweep value. Statistics are summary.json's (``mars_bench.summary``); a missing or stale
+summary is restated from the samples by the writer's functions (``restate.py``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from ..decode.rules import RULES
+from .columns import run_row, sample_row, val
+from .read import RunFiles, find_runs
+from .restate import current_summary
+
+DEFAULT_THETA = RULES["mars"].knob_map["theta"].default   # the paper's default, registered once
+INTEGERS = ("k", "batch_size", "max_new_tokens", "seed", "task_version", "n", "new_tokens", "steps", "idx_authors",
+            "n_proposed", "n_accepted", "n_exact", "n_relaxed", "n_common", "n_compared", "quality_n")
+KEYS = ("run", "model_dir", "task_dir", "model", "task", "task_version", "tag", "group", "spec", "method", "scheme",
+        "rule", "k", "theta", "sweep_knob", "sweep_value", "temperature", "top_p", "max_new_tokens", "seed", "flags",
+        "family", "label", "settings_label", "title", "relaxed", "lossless", "n", "truncated", "n_compared",
+        "acceptance_per_depth", "metrics", "sd_tag", "problems", "notes")   # columns even without runs
+
+
+@dataclass
+class Frames:
+    runs: pd.DataFrame
+    samples: pd.DataFrame
+    skipped: list[str] = field(default_factory=list)   # directories not read as runs (unreadable run.json)
+
+    @property
+    def problems(self) -> list[str]:
+        """Every problem found while reading (skipped directories, unreadable lines, differing copies)."""
+        return self.skipped + [p for ps in self.runs["problems"] for p in ps]
+
+    def samples_of(self, run) -> pd.DataFrame:
+        """The sample rows of one run (a runs row or its key)."""
+        key = run if isinstance(run, str) else run["run"]
+        return self.samples[self.samples["run"] == key]
+
+
+def load_frames(roots: str | Path | Iterable[str | Path]) -> Frames:
+    """Every run under one or more results roots (see the module doc)."""
+    roots = [roots] if isinstance(roots, (str, Path)) else list(roots)
+    skipped: list[str] = []
+    found = find_runs(roots, skipped)
+    rows, samples = [], []
+    for run in found:
+        ar = _match(found, run, run.spec.baseline()) if run.spec.scheme != "ar" else None
+        ref = _match(found, run, run.spec.lossless_reference())
+        s = current_summary(run, ar, ref)
+        rows.append(_row(run, s, ar, ref))
+        per = ((s.get("fidelity") or {}).get("per_sample")) or {}
+        samples += [{"run": run.key, **sample_row(rec), **_fidelity(per.get(rec["id"]))} for rec in run.records]
+    rows.sort(key=_order)
+    return Frames(_typed(pd.DataFrame(rows).reindex(columns=_columns(rows))),
+                  pd.DataFrame(samples, columns=None if samples else ["run", "id"]), skipped)
+
+
+def _match(found: list[RunFiles], run: RunFiles, spec) -> RunFiles | None:
+    """The run of the same model dir and task dir whose spec equals ``spec``."""
+    if spec is None:
+        return None
+    return next((r for r in found if (r.model_dir, r.task_dir) == (run.model_dir, run.task_dir) and r.spec == spec),
+                None)
+
+
+def _row(run: RunFiles, s: dict, ar: RunFiles | None, ref: RunFiles | None) -> dict:
+    ref = ref if ref is not None and ref.records else None
+    row = {"run": run.key, "model_dir": run.model_dir, "task_dir": run.task_dir, "model": run.model, "task": run.task,
+           "task_version": run.task_version}
+    row.update({k: v for k, v in run_row(run.spec, s).items() if k not in row})
+    row.update(spec=run.spec, group=f"{run.model_dir}/{run.task_dir}/{run.spec.baseline().dir_name}",
+               baseline=ar.key if ar is not None else None, reference=ref.key if ref is not None else None,
+               sd_tag=ref.spec.label if ref is not None else None, metrics=declared_metrics(run.task, run.directions),
+               title=_title(run), dirs=[str(d) for d in run.dirs], problems=list(run.problems), notes=list(run.notes))
+    return row
+
+
+def _fidelity(per: dict | None) -> dict:
+    per = per or {}
+    return {"identical_to_ar": per.get("identical"), "first_divergence": per.get("first_divergence"),
+            "chrf_to_ar": per.get("chrf_to_ar")}
+
+
+def _title(run: RunFiles) -> str:
+    """Model pair and task for figure titles, e.g. 'tiny (fp32, cpu) | prompts v1'."""
+    extra = run.model_dir[len(run.model):].strip("_").split("_") if run.model_dir.startswith(run.model) else []
+    model = f"{run.model} ({', '.join(extra)})" if extra and extra != [""] else run.model_dir
+    return f"{model} | {run.task} v{run.task_version}"
+
+
+@lru_cache(maxsize=None)
+def _declared(task: str) -> tuple[str, ...]:
+    from ..tasks.base import load_spec
+
+    try:
+        return tuple(load_spec(task)["metrics"] or {})
+    except Exception:  # a task unknown here (results from elsewhere): alphabetical
+        return ()
+
+
+def declared_metrics(task: str, directions: dict) -> list[str]:
+    """The task's metrics in the order its task.yaml declares them (summary.json sorts its keys)."""
+    order = [m for m in _declared(task) if m in directions]
+    return order + sorted(m for m in directions if m not in order)
+
+
+def _order(row: dict) -> tuple:
+    role = 0 if row["method"] == "ar" else (2 if row["relaxed"] else 1)
+    return (row["model_dir"], row["task_dir"], row["temperature"], row["top_p"], row["max_new_tokens"], row["seed"],
+            row["group"], role, row["method"], row["k"] or 0, row["flags"],
+            -1.0 if row["sweep_value"] is None else row["sweep_value"])
+
+
+def _columns(rows: list[dict]) -> list[str]:
+    """Every column of ``rows`` in order of appearance, and KEYS even without runs."""
+    return list(dict.fromkeys([k for row in rows for k in row] + list(KEYS)))
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    """Counts as nullable integers (k=2, not 2.0)."""
+    for col in df.columns:
+        if col in INTEGERS or (col.startswith("vs_") and col.endswith("/n")):
+            try:
+                df[col] = df[col].astype("Int64")
+            except (TypeError, ValueError):
+                pass
+    return df.reset_index(drop=True)
+
+
+# ---- selections shared by the tables, the console and the figures ---------------------------------------
+def groups(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Runs by settings group (those compared with each other), in the frame's order."""
+    return {key: g for key, g in runs.groupby("group", sort=False)}
+
+
+def at_theta(runs: pd.DataFrame, theta: float) -> pd.DataFrame:
+    """ar, the lossless methods and each lossy family at ``theta`` (every value where that one is missing)."""
+    has = set(runs.loc[runs["relaxed"] & (runs["theta"] == theta), "family"])
+    hide = runs["relaxed"] & runs["family"].isin(has) & (runs["theta"] != theta)
+    return runs[~hide]
+
+
+def headline(row) -> str | None:
+    """The first metric the task declares that this run reports (e.g. accuracy_strict, pass@1, bleu)."""
+    return next((m for m in val(row, "metrics", []) if val(row, f"quality/{m}") is not None), None)
+
+
+def reported(runs: pd.DataFrame) -> list[str]:
+    """The metrics any of ``runs`` reports, in declared order."""
+    out: list[str] = []
+    for _, r in runs.iterrows():
+        out += [m for m in val(r, "metrics", []) if val(r, f"quality/{m}") is not None and m not in out]
+    return out
+
+
+def rows(runs: pd.DataFrame) -> list[pd.Series]:
+    """The runs as a list of rows."""
+    return [r for _, r in runs.iterrows()]

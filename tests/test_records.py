@@ -1,0 +1,130 @@
+"""The typed sample record (mars_bench.records.SampleRecord / TurnRecord): samples.jsonl lines round trip with
+today's keys plus record_version, lines written before the version existed still load, and the runner and
+the summary go through it without changing a number."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from mars_bench import records as R
+from mars_bench.records import RECORD_VERSION, SampleRecord, TurnRecord
+from mars_bench.summary import fidelity_vs_ar, run_stats, stop_reasons
+from mars_bench.stats import StatsSettings
+
+FIX = Path(__file__).parent / "fixtures" / "results" / "worker0" / "toy-pair_fp32_cpu" / "gsm8k-v1"
+TURN_KEYS = ["prompt_tokens", "new_tokens", "steps", "n_retokenized", "tau", "stop_reason", "prefill_s", "wall_s",
+             "target_s", "draft_s", "proposed", "accepted", "relaxed", "z1", "z2", "outcome", "output_ids",
+             "output_text", "depth_proposed"]
+SAMPLE_KEYS = ["record_version", "id", "index", "task", "task_version", "model", "method", "scheme", "rule",
+               "rule_settings", "k", "p_min", "draft_quant", "fast_kernel", "theta", "temperature", "seed", "timing",
+               "order", "new_tokens", "steps", "tau", "n_proposed", "n_accepted", "n_exact", "n_relaxed",
+               "n_by_clause", "prefill_s", "wall_s", "target_s", "draft_s", "score", "batch_size", "turns"]
+
+
+def _fixture(run: str) -> list[dict]:
+    recs, problems = R.read_samples(FIX / run / "samples.jsonl")
+    assert problems == [] and recs
+    return recs
+
+
+def _res(tokens, steps, proposed, accepted, relaxed=()):
+    return SimpleNamespace(tokens=list(tokens), steps=steps, tau=len(tokens) / steps, stop_reason="eos",
+                           prefill_s=0.01, wall_s=0.5, target_s=0.3, draft_s=0.1, proposed=list(proposed),
+                           accepted=list(accepted), relaxed=list(relaxed), z1=[0.912345, 0.5], z2=[0.05, 0.4],
+                           outcome="AR", depth_proposed=[])
+
+
+def _job(interleaved=False):
+    from mars_bench.tags import RunSpec
+
+    cfg = SimpleNamespace(model=SimpleNamespace(name="tiny", draft_quant="none"), method=SimpleNamespace(k=2),
+                          temperature=0.0, seed=0, get=lambda key, default=None: default)
+    tag = RunSpec("sd", "mars", 0.0, 1.0, 8, 0, k=2, settings={"theta": 0.9})
+    return SimpleNamespace(cfg=cfg, tag=tag, task=SimpleNamespace(name="gsm8k", version=1),
+                           method=SimpleNamespace(p_min=0.0), interleaved=interleaved)
+
+
+def test_runner_builds_a_versioned_record_with_todays_keys(monkeypatch):
+    from mars_bench import config as C
+    from mars_bench import runner
+
+    monkeypatch.setattr(C, "draft_quant_of", lambda cfg: None)
+    lenient = {"clause": "top2", "pos": 1, "z1": 0.9, "z2": 0.5}
+    turns = [runner._turn_record(_res([5, 6, 7], 2, [2, 2], [1, 1], [lenient]), [1, 2, 3], "a b c"),
+             {**runner._turn_record(_res([8], 1, [2], [0]), [1], "d"), "span_s": 2.5}]   # batched adds span_s
+    assert list(turns[0]) == TURN_KEYS and turns[0]["z1"] == [0.9123, 0.5]
+    rec = runner._sample_record(_job(), SimpleNamespace(id="q0"), 0, turns, {"correct_strict": 1}, "mkl", 1)
+    assert list(rec) == SAMPLE_KEYS and rec["record_version"] == RECORD_VERSION
+    assert (rec["new_tokens"], rec["steps"], rec["tau"]) == (4, 3, 4 / 3)
+    assert (rec["n_proposed"], rec["n_accepted"], rec["n_exact"], rec["n_relaxed"]) == (6, 2, 1, 1)
+    assert rec["n_by_clause"] == {"top2": 1} and rec["wall_s"] == pytest.approx(1.0) and rec["theta"] == 0.9
+    assert rec["method"] == "mars" and rec["timing"] == "sequential" and rec["order"] == 1
+    assert "span_s" not in rec["turns"][0] and rec["turns"][1]["span_s"] == 2.5
+    back = SampleRecord.from_dict(json.loads(json.dumps(rec)))
+    assert back.to_dict() == rec and back.turns[1].span_s == 2.5 and back.turns[0].output_text == "a b c"
+
+
+def test_round_trip_keeps_every_key_and_unknown_ones():
+    rec = SampleRecord(id="q1", index=3, new_tokens=5, steps=2, wall_s=0.25, score={"passed": True},
+                       turns=[TurnRecord(new_tokens=5, steps=2, proposed=[4, 4], accepted=[2, 1])])
+    line = json.loads(json.dumps(rec.to_dict()))
+    assert SampleRecord.from_dict(line) == rec and list(line)[0] == "record_version"
+    assert "writer" not in line and "span_s" not in line["turns"][0]          # written only when set
+    later = {**line, "gpu_temp_c": 61, "turns": [{**line["turns"][0], "draft_entropy": [0.5]}]}
+    back = SampleRecord.from_dict(later)
+    assert back.extra == {"gpu_temp_c": 61} and back.turns[0].extra == {"draft_entropy": [0.5]}
+    assert back.to_dict() == later
+
+
+def test_a_record_written_before_the_version_existed_loads():
+    old = _fixture("ar-T0-p1-n8-s0")[0]
+    assert "record_version" not in old and "scheme" not in old and "n_retokenized" not in old["turns"][0]
+    rec = SampleRecord.from_dict(old)
+    assert rec.record_version == 0 and rec.id == old["id"] and rec.new_tokens == old["new_tokens"]
+    assert rec.scheme is None and rec.fast_kernel is None and rec.turns[0].n_retokenized is None
+    assert rec.turns[0].output_ids == old["turns"][0]["output_ids"] and rec.extra == {}
+    out = rec.to_dict()                                                 # its own keys unchanged
+    assert {k: v for k, v in out.items() if k in old and k != "turns"} == {k: v for k, v in old.items() if k != "turns"}
+    assert [{k: v for k, v in t.items() if k in o} for t, o in zip(out["turns"], old["turns"])] == old["turns"]
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ({"id": "q0", "record_version": RECORD_VERSION + 1}, f"record_version={RECORD_VERSION + 1}; allowed:"),
+    ({"id": "q0", "record_version": "1"}, "record_version='1'; allowed:"),
+    ({"new_tokens": 3}, "allowed: a JSON object with an 'id'"),
+    ([1, 2], "allowed: a JSON object with an 'id'"),
+    ({"id": "q0", "turns": [7]}, "turn record 7; allowed: a JSON object"),
+])
+def test_unreadable_records_are_one_line_errors(bad, needle):
+    with pytest.raises(ValueError, match="^[^\n]+$") as e:
+        SampleRecord.from_dict(bad)
+    assert needle in str(e.value)
+
+
+def test_summary_numbers_are_unchanged_through_the_typed_record():
+    """The fixture's stored summaries were written from dict records: totals, speedup, fidelity and the
+    stats block come out the same from dicts and from SampleRecords."""
+    ar, mars = _fixture("ar-T0-p1-n8-s0"), _fixture("mars-k2-th0.9-T0-p1-n8-s0")
+    stored = json.loads((FIX / "mars-k2-th0.9-T0-p1-n8-s0" / "summary.json").read_text())
+    totals = R.totals(mars)
+    assert {k: totals[k] for k in stored["totals"]} == stored["totals"]
+    typed_ar, typed_mars = R.as_records(ar), R.as_records(mars)
+    assert R.totals(typed_mars) == totals
+    assert R.speedup(typed_mars, typed_ar) == R.speedup(mars, ar)
+    assert stored["speedup"]["speedup"] == R.speedup(mars, ar)["speedup"]
+    assert fidelity_vs_ar(typed_mars, typed_ar) == fidelity_vs_ar(mars, ar)
+    assert stop_reasons(typed_mars) == stop_reasons(mars)
+    settings = StatsSettings(n_boot=200)
+    assert run_stats(typed_mars, typed_ar, settings=settings) == run_stats(mars, ar, settings=settings)
+
+
+def test_sample_writer_takes_a_record(tmp_path):
+    w = R.SampleWriter(tmp_path / "run" / "samples.jsonl")
+    assert w.claim("q0")
+    w.write(SampleRecord(id="q0", new_tokens=1, steps=1))
+    w.close()
+    (line,), _ = R.read_samples(tmp_path / "run" / "samples.jsonl")
+    assert line["record_version"] == RECORD_VERSION and line["writer"] and SampleRecord.from_dict(line).id == "q0"
