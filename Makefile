@@ -50,10 +50,15 @@ reproduce-full: $(STAMP)
 figures: $(STAMP)
 	$(BIN)/mars-bench-report results
 
-# Speed of every decoding path on the embedded pair, side by side in one run -> results/bench/
+# Speed of every decoding path on the embedded pair -> results/bench/: our methods through the runner
+# (+compare=bench, +compare=bench_batch per task and batch size; runs in results/bench_runs/, cleared each
+# time), the reference rows (transformers, llama.cpp) interleaved with our ar, forward costs and peak RSS.
+# Shorter: make bench BENCH_ARGS="--limit 1 --max-new-tokens 24" BATCH_ARGS="--limit 2 --batch-sizes 1,2"
+BENCH_ARGS ?=
+BATCH_ARGS ?=
 bench: $(STAMP)
-	$(BIN)/python scripts/bench.py
-	$(BIN)/python scripts/bench_batch.py
+	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
+	$(BIN)/python scripts/bench_batch.py $(BATCH_ARGS)
 
 # Fast tier: tiny random models, CPU, minutes. The real-pair tier is `make test-slow`.
 test: $(STAMP)

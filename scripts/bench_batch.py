@@ -1,13 +1,13 @@
 """The batch table of `make bench`: throughput of ar, sd and mars (theta 0.9) at batch sizes 1, 2, 4, 8.
 
-Greedy, the same prompts (first GSM8K and HumanEval questions, chat template), the same max_new_tokens
-and stop conditions everywhere, on the embedded default pair (``--tiny``: the tiny random pair, a smoke
-run of this script). Every (method, B) cell decodes all prompts with continuous refill
-(``decode.batch``); cells are measured side by side in one run, their order rotated per round, so
-machine noise hits every cell alike. Throughput = total new tokens / total wall seconds of the cell
-(prefills included): at B > 1 that is not a latency. Each cell's ratio is given to ar at the same B and
-to the same method at B = 1; also mars over sd at each B, and whether each sample's tokens equal its
-B = 1 tokens. Writes results/bench/batch.{md,json}.
+Every row is the runner's: per task (GSM8K, HumanEval) and batch size B, one invocation of
+`mars-bench +compare=bench_batch task=<task> batch_size=<B>` (mars_bench/conf/compare/bench_batch.yaml:
+ar, sd and mars at k = 4, decoded interleaved, continuous refill), greedy, on the embedded default pair
+(``--model tiny``: the tiny random pair, a smoke run of this script). Throughput = summary.json's tokens/s
+(total new tokens / total wall s, prefills included: at B > 1 not a latency); `x ar` = its speedup over ar
+at the same B with its CI (summary.json). `x itself (B=1)` divides the tokens/s of two invocations (not
+interleaved with each other: drift between them lands in that ratio); `same as B=1`: samples whose tokens
+equal the method's B = 1 tokens (from the records). Writes results/bench/batch.{md,json}.
 """
 from __future__ import annotations
 
@@ -15,155 +15,123 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
-import torch
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-from mars_bench.decode import DecodeConfig, Method  # noqa: E402
-from mars_bench.decode.generate import Request, generate_batch  # noqa: E402
-from mars_bench.models.pairs import eos_ids  # noqa: E402
-from mars_bench.records import TAU_DEFINITION  # noqa: E402
+from bench import TASKS, fresh_runs_dir, run_compare  # noqa: E402
+from mars_bench.records import TAU_DEFINITION, read_samples  # noqa: E402
 
 GOAL = 1.8          # sd at its best B over sd at B = 1 (issue 12)
 
 
-def load(tiny: bool, model: str | None = None):
-    """(target, draft, tokenizer, fast kernel) of the embedded default pair on its fast path, or the tiny pair."""
-    from mars_bench.models import fastpath
-
-    if tiny:
-        from mars_bench.models.adapter import CausalLMAdapter
-        from mars_bench.models.tiny import tiny_pair
-
-        t, d, tok = tiny_pair()
-        target = CausalLMAdapter(t)
-        return target, CausalLMAdapter(d, out_vocab=target.vocab), tok, "off"
-    from hydra import compose, initialize_config_dir
-
-    from mars_bench import config as C
-    from mars_bench.models.pairs import load_pair
-
-    C.register()
-    with initialize_config_dir(config_dir=str(ROOT / "mars_bench" / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"model={model}"] if model else [])
-    pair = load_pair(cfg.model, need_draft=True)
-    return pair.target, pair.draft, pair.tokenizer, fastpath.kind(pair.target.model)
-
-
-def prompts(tok, n: int, data_dir: str, tiny: bool) -> list[list[int]]:
-    from mars_bench.tasks import build_messages, get_task
-
-    if tiny:
-        from tests.conftest import PROMPTS
-
-        return [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                        return_dict=False) for p in PROMPTS[:n]]
-    out = []
-    for name, m in (("gsm8k", (n + 1) // 2), ("humaneval", n // 2)):
-        task = get_task(name)
-        out += [tok.apply_chat_template(build_messages(task, s, [], 0), add_generation_prompt=True, return_dict=False)
-                for s in task.load(data_dir, limit=m)]
+def outputs(dirs) -> dict:
+    """Sample id -> output token ids of every turn, from a run's samples.jsonl."""
+    out = {}
+    for d in dirs:
+        recs, _ = read_samples(Path(d) / "samples.jsonl")
+        out.update({r["id"]: [t.get("output_ids") for t in r.get("turns", [])] for r in recs})
     return out
 
 
-def cell(target, draft, tok, items, method, cfg, batch_size):
-    """Decode every prompt at ``batch_size``; (wall s, tokens per prompt, target forwards)."""
-    out = {}
-    steps = {}
+def batch_table(runs_dir) -> pd.DataFrame:
+    """One row per (task, method, B) from the runs under ``runs_dir`` (``load_frames``)."""
+    from mars_bench.report.frames import load_frames
 
-    def done(req, res):
-        out[req.key], steps[req.key] = res.tokens, res.steps
-        return None
+    runs = load_frames([runs_dir]).runs
+    rows = []
+    for _, r in runs.iterrows():
+        rows.append({"task": r["task"], "method": r["family"] if r["method"] == "ar" else r["label"],
+                     "family": r["family"], "batch_size": int(r["batch_size"]), "tokens_per_s": r["tokens_per_s"],
+                     "tau": r["tau"], "vs_ar_same_b": r["speedup"], "vs_ar_lo": r["speedup_lo"],
+                     "vs_ar_hi": r["speedup_hi"], "n": int(r["n"]), "fast_kernel": ",".join(r["fast_kernel"] or []),
+                     "outputs": outputs(r["dirs"])})
+    t = pd.DataFrame(rows)
+    if t.empty:
+        return t
+    b1 = {(r.task, r.family): r for r in t[t["batch_size"] == t["batch_size"].min()].itertuples()}
+    t["vs_self_b1"] = [r.tokens_per_s / b1[(r.task, r.family)].tokens_per_s for r in t.itertuples()]
+    t["same_as_b1"] = [sum(o == b1[(r.task, r.family)].outputs.get(i) for i, o in r.outputs.items())
+                       for r in t.itertuples()]
+    order = {m: i for i, m in enumerate(("ar", "sd", "mars"))}
+    t["_o"] = [(TASKS.index(x) if x in TASKS else len(TASKS), b, order.get(f.split()[0], 9))
+               for x, b, f in zip(t["task"], t["batch_size"], t["family"])]
+    return t.sort_values("_o").drop(columns=["_o", "outputs"]).reset_index(drop=True)
 
-    t0 = time.perf_counter()
-    generate_batch(target, draft, tok, [Request(ids, key=i) for i, ids in enumerate(items)], method, cfg,
-                   batch_size, done)
-    return time.perf_counter() - t0, [out[i] for i in range(len(items))], sum(steps.values())
+
+def goals(t: pd.DataFrame) -> list[dict]:
+    """Per task: sd at its best B over sd at B = 1 (target GOAL)."""
+    out = []
+    for task, g in t[t["family"].str.startswith("sd")].groupby("task", sort=False):
+        best = g.loc[g["tokens_per_s"].idxmax()]
+        out.append({"task": task, "sd_best_b": int(best["batch_size"]), "sd_best_over_b1": best["vs_self_b1"],
+                    "target": GOAL, "met": bool(best["vs_self_b1"] >= GOAL)})
+    return out
+
+
+def write(out: Path, name: str, t: pd.DataFrame, gs: list[dict], meta: dict) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    f = lambda x: "-" if pd.isna(x) else f"{x:.2f}"  # noqa: E731
+    show = pd.DataFrame({
+        "task": t["task"], "method": t["method"], "B": t["batch_size"], "tokens/s": t["tokens_per_s"].map(f),
+        "x ar (same B)": t["vs_ar_same_b"].map(f),
+        "95% CI": [f"{f(a)}-{f(b)}" if not pd.isna(a) else "-" for a, b in zip(t["vs_ar_lo"], t["vs_ar_hi"])],
+        "x itself (B=1)": t["vs_self_b1"].map(f), "tau": t["tau"].map(f),
+        "same as B=1": [f"{s}/{n}" for s, n in zip(t["same_as_b1"], t["n"])]})
+    by = {(r.task, r.family.split()[0], r.batch_size): r.tokens_per_s for r in t.itertuples()}
+    mars_over_sd = {f"{task} B={b}": by[(task, "mars", b)] / by[(task, "sd", b)]
+                    for task, m, b in by if m == "sd" and (task, "mars", b) in by}
+    lines = [f"# Batched decoding throughput ({meta['pair']} pair)", "",
+             f"Greedy, {meta['limit']} prompts per task, max_new_tokens={meta['max_new_tokens']}, k=4, mars theta=0.9, "
+             f"{meta['threads']} threads; per task and B one runner invocation (`mars-bench +compare=bench_batch`), "
+             "its methods interleaved. Throughput = total new tokens / total wall s (prefills included; at B > 1 "
+             "not a latency); compare B > 1 rows only with ar at the same B (`x ar`, with its 95% CI from "
+             "summary.json). `x itself (B=1)`: ratio of two invocations, not measured side by side. "
+             f"{TAU_DEFINITION}. `same as B=1`: samples whose tokens equal the method's B = 1 tokens.", "",
+             show.to_markdown(index=False, disable_numparse=True), "",
+             "mars over sd (tokens/s ratio, same invocation): "
+             + ", ".join(f"{k}: {v:.2f}" for k, v in mars_over_sd.items()),
+             ""]
+    lines += [f"Goal ({g['task']}): sd at its best B (B={g['sd_best_b']}) = {g['sd_best_over_b1']:.2f}x sd at B=1 "
+              f"(target >= {g['target']}x): {'met' if g['met'] else 'NOT met'}." for g in gs]
+    md = "\n".join(lines) + "\n"
+    (out / f"{name}.md").write_text(md)
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": json.loads(t.to_json(orient="records")),
+                                                  "mars_over_sd": mars_over_sd, "goal": gs}, indent=2) + "\n")
+    return md
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=8, help="GSM8K + HumanEval prompts (half each)")
+    ap.add_argument("--limit", type=int, default=8, help="prompts per task (GSM8K, HumanEval); >= the largest B "
+                    "fills every batch")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--batch-sizes", default="1,2,4,8")
-    ap.add_argument("--k", type=int, default=4, help="drafts per step for sd and mars")
-    ap.add_argument("--theta", type=float, default=0.9)
-    ap.add_argument("--rounds", type=int, default=1, help="measurements of every cell (order rotated)")
-    ap.add_argument("--tiny", action="store_true", help="the tiny random pair (a smoke run of this script)")
-    ap.add_argument("--model", default=None, help="a conf/model entry instead of the default pair (e.g. tiny: "
-                    "the embedded code path on GSM8K/HumanEval prompts, in seconds)")
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--model", default=None, help="a conf/model entry instead of the default pair (e.g. tiny)")
+    ap.add_argument("--tiny", action="store_true", help="= --model tiny (a smoke run of this script)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench"))
+    ap.add_argument("--runs", default=str(ROOT / "results" / "bench_runs" / "batch"),
+                    help="where the runner writes (cleared first)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    data_dir = os.environ.get("MARS_BENCH_DATA_DIR")   # None: the tasks' own lookup (tasks/data.py)
-    target, draft, tok, kernel = load(args.tiny, args.model)
-    eos = eos_ids(target.model, tok)
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_ids=tuple(eos))
-    items = prompts(tok, args.prompts, data_dir, args.tiny)
-    methods = {"ar": Method("ar"), "sd": Method("sd", k=args.k),
-               "mars": Method("mars", k=args.k, rule_kwargs={"theta": args.theta})}
+    model = "tiny" if args.tiny else args.model
+    runs = fresh_runs_dir(Path(args.runs))
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    cells = [(m, b) for b in sizes for m in methods]
-    cell(target, draft, tok, items[:2], methods["sd"], DecodeConfig(max_new_tokens=4), 2)     # warm-up
-    raw = {c: {"wall_s": 0.0, "tokens": 0, "steps": 0, "outputs": None} for c in cells}
-    for r in range(args.rounds):
-        for n in range(len(cells)):
-            m, b = cells[(n + r * 5) % len(cells)]
-            print(f"round {r + 1}/{args.rounds}: {m} B={b}", file=sys.stderr, flush=True)
-            wall, outs, steps = cell(target, draft, tok, items, methods[m], cfg, b)
-            c = raw[(m, b)]
-            c["wall_s"] += wall
-            c["tokens"] += sum(map(len, outs))
-            c["steps"] += steps
-            c["outputs"] = c["outputs"] or outs
-    table = []
-    for m, b in cells:
-        c = raw[(m, b)]
-        tps = c["tokens"] / c["wall_s"]
-        same_b1 = sum(o == o1 for o, o1 in zip(c["outputs"], raw[(m, sizes[0])]["outputs"]))
-        table.append({"method": m, "batch_size": b, "tokens_per_s": tps, "tau": c["tokens"] / c["steps"],
-                      "new_tokens": c["tokens"], "wall_s": c["wall_s"], "same_as_b1": same_b1})
-    by = {(row["method"], row["batch_size"]): row for row in table}
-    for row in table:
-        row["vs_ar_same_b"] = row["tokens_per_s"] / by[("ar", row["batch_size"])]["tokens_per_s"]
-        row["vs_self_b1"] = row["tokens_per_s"] / by[(row["method"], sizes[0])]["tokens_per_s"]
-    mars_over_sd = {b: by[("mars", b)]["tokens_per_s"] / by[("sd", b)]["tokens_per_s"] for b in sizes}
-    best = max(sizes, key=lambda b: by[("sd", b)]["tokens_per_s"])
-    goal = {"sd_best_b": best, "sd_best_over_b1": by[("sd", best)]["vs_self_b1"], "target": GOAL,
-            "met": by[("sd", best)]["vs_self_b1"] >= GOAL}
-    write(Path(args.out), args, table, mars_over_sd, goal, kernel, len(items))
-
-
-def write(out: Path, args, table, mars_over_sd, goal, kernel, n_prompts):
-    out.mkdir(parents=True, exist_ok=True)
-    name = "batch_tiny" if args.tiny else "batch"
-    meta = {"pair": "tiny" if args.tiny else args.model or "embedded default", "prompts": n_prompts,
-            "max_new_tokens": args.max_new_tokens, "k": args.k, "theta": args.theta, "rounds": args.rounds,
-            "threads": args.threads, "fast_kernel": kernel, "torch": torch.__version__}
-    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": table, "mars_over_sd": mars_over_sd,
-                                                  "goal": goal}, indent=2) + "\n")
-    lines = [f"# Batched decoding throughput ({meta['pair']} pair)", "",
-             f"Greedy, {n_prompts} prompts ({'the fast tier' if args.tiny else 'GSM8K + HumanEval'}), max_new_tokens={args.max_new_tokens}, k={args.k}, "
-             f"mars theta={args.theta:g}, {args.threads} threads, fast kernel {kernel}, {args.rounds} round(s), "
-             "cells interleaved in one run. Throughput = total new tokens / total wall s of the cell (prefills "
-             "included; at B > 1 not a latency); compare B > 1 rows only with ar at the same B. "
-             f"{TAU_DEFINITION}. `same as B=1`: samples whose tokens equal the method's B = 1 tokens.", "",
-             "| method | B | tokens/s | x ar (same B) | x itself (B=1) | tau | same as B=1 |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in table:
-        lines.append(f"| {r['method']} | {r['batch_size']} | {r['tokens_per_s']:.2f} | {r['vs_ar_same_b']:.2f} | "
-                     f"{r['vs_self_b1']:.2f} | {r['tau']:.2f} | {r['same_as_b1']}/{n_prompts} |")
-    lines += ["", "mars over sd (tokens/s ratio) by B: "
-              + ", ".join(f"B={b}: {v:.2f}" for b, v in mars_over_sd.items()), "",
-              f"Goal: sd at its best B (B={goal['sd_best_b']}) = {goal['sd_best_over_b1']:.2f}x sd at B=1 "
-              f"(target >= {goal['target']}x): {'met' if goal['met'] else 'NOT met'}.", ""]
-    (out / f"{name}.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    for task in args.tasks.split(","):
+        for b in sizes:
+            run_compare("bench_batch", task, runs, [f"limit={args.limit}", f"max_new_tokens={args.max_new_tokens}",
+                                                    f"batch_size={b}", "progress=false",
+                                                    *([f"model={model}"] if model else [])], args.threads)
+    t = batch_table(runs)
+    meta = {"pair": model or "embedded default", "limit": args.limit, "max_new_tokens": args.max_new_tokens,
+            "batch_sizes": sizes, "threads": args.threads,
+            "runs": str(runs.relative_to(ROOT) if runs.is_relative_to(ROOT) else runs),
+            "fast_kernel": sorted(set(t["fast_kernel"])) if len(t) else None}
+    print(write(Path(args.out), "batch_tiny" if model == "tiny" else "batch", t, goals(t), meta))
 
 
 if __name__ == "__main__":
