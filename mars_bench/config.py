@@ -109,6 +109,18 @@ class LoggerConfig:
 
 
 @dataclass
+class StudyConfig:
+    """Study mode (conf/experiment/study_*.yaml; docs/reproduce.md): the methods of ``interleave`` in two phases.
+    Quality (every sample, batched at ``batch_size``; greedy lossless methods are not decoded, their tokens are
+    ar's) and timed (batch size 1, interleaved, the first samples until every speedup's 95% CI is within
+    +-``timed_ci`` of its value, at least ``timed_min`` and at most ``timed_max`` samples)."""
+    batch_size: int = 0             # quality phase batch size; 0 = no study (a plain run)
+    timed_ci: float = 0.05          # target half-width of each speedup's CI, relative to the speedup
+    timed_min: int = 8              # samples timed before the first look at the CIs
+    timed_max: Optional[int] = None  # most samples timed (null: every sample of the run)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
@@ -129,6 +141,7 @@ class Config:
     progress: bool = True           # progress bars
     stats: Any = field(default_factory=lambda: asdict(StatsSettings()))  # intervals and tests: defaults in stats.py
     interleave: Any = field(default_factory=list)  # methods decoded interleaved: a list of override lists (conf/compare/)
+    study: StudyConfig = field(default_factory=StudyConfig)   # quality batched + speed timed at B = 1 (off by default)
 
 
 def register() -> None:
@@ -213,6 +226,7 @@ def validate(cfg: Any) -> None:
     _one_of("logger.name", cfg.logger.name, ("none", "wandb"))
     validate_protocol(cfg)
     _int_at_least("batch_size", cfg.get("batch_size", 1), 1)
+    validate_study(cfg)
     if method.name == "lookup":
         _int_at_least("method.min_ngram", m.min_ngram, 1)
         _int_at_least("method.max_ngram", m.max_ngram, int(m.min_ngram))
@@ -221,6 +235,26 @@ def validate(cfg: Any) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     validate_run_settings(cfg)   # ranges the types do not bound (defined at the bottom)
+
+
+def validate_study(cfg: Any) -> None:
+    """study.*: off at batch_size 0; on, it needs ``interleave`` (the methods) and batch_size 1 (the timed phase)."""
+    st = cfg.get("study")
+    if st is None or st.batch_size == 0:
+        return
+    _int_at_least("study.batch_size", st.batch_size, 2)
+    if not cfg.get("interleave"):
+        raise ConfigError("study.batch_size is set but interleave is empty; allowed: a study with methods to compare "
+                          "(e.g. +compare=methods or an experiment's interleave list)")
+    if int(cfg.get("batch_size", 1) or 1) != 1:
+        raise ConfigError(f"batch_size={cfg.batch_size!r} with study.batch_size set; allowed: 1 (the study times "
+                          "at batch size 1 and decodes quality at study.batch_size)")
+    width = _number("study.timed_ci", st.timed_ci)
+    if not 0.0 < width < 1.0:
+        raise ConfigError(f"study.timed_ci={st.timed_ci!r}; allowed: a number in (0, 1), e.g. 0.05 for +-5%")
+    _int_at_least("study.timed_min", st.timed_min, 2)
+    if st.timed_max is not None:
+        _int_at_least("study.timed_max", st.timed_max, int(st.timed_min))
 
 
 def rule_settings(cfg: Any, rule_name: str) -> dict:

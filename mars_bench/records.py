@@ -115,6 +115,7 @@ class SampleRecord:
     seed: int | None = None
     timing: str | None = None               # interleaved | sequential
     order: int | None = None                # position among the interleaved methods for this sample
+    phase: str | None = None                # a study's phase: quality (batched) | timed (B = 1); None outside studies
     new_tokens: int = 0
     steps: int = 0
     tau: float = 0.0

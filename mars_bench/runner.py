@@ -1,16 +1,22 @@
 """The runner: validate, load the task's samples, skip samples already in ``samples.jsonl``, decode the
 rest (records written one by one), then write ``summary.json`` atomically.
 
-Two ways to compare methods (docs/reproduce.md):
+Three ways to compare methods (docs/reproduce.md):
   * one method per job (``mars-bench -m method=ar,sd,mars``): jobs run one after another;
   * interleaved (``interleave``: a list of override lists, e.g. ``+compare=methods``): one job loads the
     models once and decodes each sample with every compared method in turn, rotating the order per
     sample, so drift in the machine's speed lands on all methods alike and shows up as a wider
-    interval instead of a false speedup. Each method still writes its own run directory, resumable.
+    interval instead of a false speedup. Each method still writes its own run directory, resumable;
+  * a study (``study.batch_size`` > 0, ``run_study``): quality from batched decoding of every sample (the
+    quality phase, run directories at batch size B), speed from interleaved batch-size-1 decoding of the first
+    samples until each speedup's CI is narrow enough (the timed phase). Greedy lossless methods are only
+    timed: their tokens are ar's, asserted on the timed samples. Records carry their phase.
 """
 from __future__ import annotations
 
+import copy
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -61,8 +67,8 @@ class Job:
     The directory is named by the spec (``RunSpec.dir_name``), so a rerun of the same command finds it; the
     spec is written there as run.json when this job claims its first sample, before decoding it."""
 
-    def __init__(self, cfg, interleaved: bool = False):
-        self.cfg, self.interleaved = cfg, interleaved
+    def __init__(self, cfg, interleaved: bool = False, phase: str | None = None):
+        self.cfg, self.interleaved, self.phase = cfg, interleaved, phase
         self.task, self.samples, self.data_dir, self.max_new, self.task_dir = prepare(cfg)
         self.tag = RunSpec.from_config(cfg, self.max_new, task_prompts=self.task.options.get("prompts", "ours"))
         self.run_dir = self.task_dir / self.tag.dir_name
@@ -89,6 +95,8 @@ class Job:
 
 def run(cfg) -> dict | list[dict]:
     """One job; with ``interleave`` set, every compared method of it, interleaved (returns their summaries)."""
+    if cfg.study.batch_size:
+        return run_study(cfg)
     if cfg.get("interleave"):
         return run_interleaved(cfg, variant_configs(cfg))
     job = Job(cfg)
@@ -134,12 +142,132 @@ def variant_configs(cfg) -> list:
         v = compose(config_name="config", overrides=base + entry)
         OmegaConf.set_struct(v, False)
         v.interleave = []
+        v.study.batch_size = 0   # each variant is a plain run; the study drives them (run_study)
         out.append(v)
     return out
 
 
-def run_interleaved(cfg, variants: list) -> list[dict]:
-    jobs = [Job(v, interleaved=True) for v in variants]           # every variant validated before any model loads
+def _with(cfg, **values):
+    """A copy of a (non-struct) config with top-level keys set."""
+    out = copy.deepcopy(cfg)
+    for key, value in values.items():
+        out[key] = value
+    return out
+
+
+def tokens_are_ars(cfg) -> bool:
+    """Greedy decoding with a lossless rule: the outputs are ar's token for token (tested), so a study times
+    such a method but never decodes it for quality."""
+    spec = RunSpec.from_config(cfg, 1)
+    return float(cfg.temperature) == 0.0 and spec.lossless
+
+
+def _half_width(summary: dict) -> float | None:
+    """Half-width of a run's speedup CI relative to the speedup (None: no CI yet)."""
+    est = (summary.get("stats") or {}).get("speedup") or {}
+    if est.get("value") and est.get("lo") is not None and est.get("hi") is not None:
+        return (est["hi"] - est["lo"]) / 2.0 / est["value"]
+    return None
+
+
+class StudyError(RuntimeError):
+    """A study's invariant broke (a greedy lossless method's tokens differ from ar's): a bug, not bad input."""
+
+
+def run_study(cfg) -> list[dict]:
+    """Study mode (``config.StudyConfig``): the quality phase (every sample, batched at study.batch_size, every
+    method but the greedy lossless ones), then the timed phase (batch size 1, interleaved, the first samples,
+    growing until every speedup's CI half-width is within study.timed_ci of the speedup or study.timed_max is
+    reached). Both phases resume: each writes its own run directories (batch size in the spec). Returns the
+    summaries, quality runs first."""
+    C.validate_study(cfg)   # the variants are plain runs: their own validation no longer sees study.*
+    st = cfg.study
+    variants = variant_configs(cfg)
+    quality = [Job(_with(v, batch_size=int(st.batch_size)), phase="quality") for v in variants if not tokens_are_ars(v)]
+    probe = [Job(v, interleaved=True, phase="timed") for v in variants]   # every variant validated before loading
+    if not any(j.tag.scheme == "ar" for j in probe):
+        raise C.ConfigError("study without ar in interleave; allowed: a list that includes [method=ar] (speedup and "
+                            "every quality delta are against it)")
+    cap = min(len(probe[0].samples), int(st.timed_max or len(probe[0].samples)))
+    ctx = [None]
+
+    def models():
+        if ctx[0] is None:
+            ctx[0] = Models(cfg, [j.method for j in probe])
+        return ctx[0]
+
+    log.info("study: quality phase, %d methods x %d samples at batch size %d (%s only timed: tokens are ar's)",
+             len(quality), len(probe[0].samples), st.batch_size,
+             ", ".join(j.tag.head for j in probe if tokens_are_ars(j.cfg)) or "none")
+    summaries = _run_batched(cfg, quality, models)
+    n = min(int(st.timed_min), cap)
+    while True:
+        jobs = [Job(_with(v, limit=n), interleaved=True, phase="timed") for v in variants]
+        timed = run_interleaved(cfg, [j.cfg for j in jobs], ctx=models if any(j.todo for j in jobs) else None,
+                                jobs=jobs)
+        widths = [w for j, s in zip(jobs, timed) if j.method.speculative for w in [_half_width(s)]]
+        worst = max((math.inf if w is None else w) for w in widths) if widths else 0.0
+        log.info("study: timed phase, %d samples: widest speedup CI +-%.1f%% (target +-%.1f%%)", n, 100 * worst,
+                 100 * st.timed_ci)
+        if worst <= st.timed_ci or n >= cap:
+            break
+        grow = (worst / st.timed_ci) ** 2 if math.isfinite(worst) else 2.0   # CI width ~ 1 / sqrt(n)
+        n = min(cap, max(n + 4, math.ceil(1.1 * n * grow)))
+    _check_identity(jobs, timed)
+    return summaries + timed
+
+
+def _check_identity(jobs: list, summaries: list) -> None:
+    """Every timed sample of a greedy lossless method has ar's tokens (else StudyError; the records stay)."""
+    for job, s in zip(jobs, summaries):
+        if job.tag.scheme != "ar" and tokens_are_ars(job.cfg):
+            problem = identity_problem(((s.get("fidelity") or {}).get("per_sample")) or {}, len(job.samples))
+            if problem:
+                raise StudyError(f"{job.label}: {problem}; greedy {job.tag.head} must reproduce ar's tokens "
+                                 f"(records kept in {job.run_dir})")
+
+
+def identity_problem(per_sample: dict, n: int) -> str | None:
+    """What breaks 'every one of the n samples is token-identical to ar' in a summary's per-sample fidelity."""
+    bad = sorted(i for i, d in per_sample.items() if not d["identical"])
+    if bad:
+        return f"{len(bad)} of {len(per_sample)} samples differ from ar's tokens (first: {bad[0]})"
+    if len(per_sample) < n:
+        return f"only {len(per_sample)} of {n} samples could be compared with ar's"
+    return None
+
+
+def _run_batched(cfg, jobs: list, models) -> list[dict]:
+    """Each job's missing samples at its batch size, one job after another (no timing is read from them), then
+    the summaries, ar first (the others compare to it)."""
+    loggers = [make_logger(j.cfg.logger, j.run_dir, j.cfg, spec=j.tag) for j in jobs]
+    summaries = [None] * len(jobs)
+    try:
+        todo = sum(len(j.todo) for j in jobs)
+        bar = _progress(None, f"{cfg.model.name} | {jobs[0].task.name} | quality phase", cfg.progress, total=todo) \
+            if todo else None
+        for j, job in enumerate(jobs):
+            rest = [(i, s) for i, s in enumerate(job.samples) if s.id in job.todo]
+            if rest:
+                models().decode_batched(job, rest, lambda sample, rec, j=j: (_write(jobs[j], sample, rec, loggers[j]),
+                                                                             bar.update(1)),
+                                        source=job.writer.claimed(rest))
+        if bar is not None:
+            bar.close()
+        for j in sorted(range(len(jobs)), key=lambda j: jobs[j].method.speculative):
+            summaries[j] = jobs[j].summarize()
+            loggers[j].log_summary(summaries[j])
+    finally:
+        for job, lg in zip(jobs, loggers):
+            job.writer.close()
+            lg.close()
+    return summaries
+
+
+def run_interleaved(cfg, variants: list, ctx=None, jobs: list | None = None) -> list[dict]:
+    """Every variant interleaved at its batch size. ``ctx``: a callable returning loaded Models (loaded here when
+    None); ``jobs``: the variants' Jobs when the caller made them."""
+    jobs = jobs or [Job(v, interleaved=True) for v in variants]   # every variant validated before any model loads
     tags = [j.tag.dir_name for j in jobs]
     dup = {t for t in tags if tags.count(t) > 1}
     if dup:
@@ -151,7 +279,7 @@ def run_interleaved(cfg, variants: list) -> list[dict]:
     loggers = [make_logger(j.cfg.logger, j.run_dir, j.cfg, spec=j.tag) for j in jobs]
     try:
         if todo:
-            ctx = Models(cfg, [j.method for j in jobs])
+            ctx = ctx() if ctx is not None else Models(cfg, [j.method for j in jobs])
             bar = _progress(None, f"{cfg.model.name} | {jobs[0].task.name} | {len(jobs)} methods interleaved",
                             cfg.progress, total=todo)
             if _batch_size(cfg) > 1:
@@ -344,7 +472,7 @@ def _sample_record(job: Job, sample, index, turns, score, fast_kernel: str, orde
         method=tag.head, scheme=tag.scheme, rule=tag.rule, rule_settings=tag.settings, k=cfg.method.k,
         p_min=job.method.p_min, draft_quant=C.draft_quant_of(cfg), fast_kernel=fast_kernel,
         theta=tag.settings.get("theta"), temperature=cfg.temperature, seed=cfg.seed,
-        timing="interleaved" if job.interleaved else "sequential", order=order,
+        timing="interleaved" if job.interleaved else "sequential", order=order, phase=job.phase,
         new_tokens=s("new_tokens"), steps=s("steps"), tau=s("new_tokens") / s("steps") if s("steps") else 0.0,
         n_proposed=sum(sum(t.proposed) for t in turns), n_accepted=n_acc, n_exact=n_acc - len(lenient),
         n_relaxed=len(lenient), n_by_clause=by_clause, prefill_s=s("prefill_s"), wall_s=s("wall_s"),

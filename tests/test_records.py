@@ -20,7 +20,7 @@ TURN_KEYS = ["prompt_tokens", "new_tokens", "steps", "n_retokenized", "tau", "st
              "output_text", "depth_proposed"]
 SAMPLE_KEYS = ["record_version", "id", "index", "task", "task_version", "model", "method", "scheme", "rule",
                "rule_settings", "k", "p_min", "draft_quant", "fast_kernel", "theta", "temperature", "seed", "timing",
-               "order", "new_tokens", "steps", "tau", "n_proposed", "n_accepted", "n_exact", "n_relaxed",
+               "order", "phase", "new_tokens", "steps", "tau", "n_proposed", "n_accepted", "n_exact", "n_relaxed",
                "n_by_clause", "prefill_s", "wall_s", "target_s", "draft_s", "score", "batch_size", "turns"]
 
 
@@ -44,7 +44,7 @@ def _job(interleaved=False):
                           temperature=0.0, seed=0, get=lambda key, default=None: default)
     tag = RunSpec("sd", "mars", 0.0, 1.0, 8, 0, k=2, settings={"theta": 0.9})
     return SimpleNamespace(cfg=cfg, tag=tag, task=SimpleNamespace(name="gsm8k", version=1),
-                           method=SimpleNamespace(p_min=0.0), interleaved=interleaved)
+                           method=SimpleNamespace(p_min=0.0), interleaved=interleaved, phase=None)
 
 
 def test_runner_builds_a_versioned_record_with_todays_keys(monkeypatch):

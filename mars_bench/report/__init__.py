@@ -1,11 +1,12 @@
 """Tables and figures from results trees (reads results files only).
 
-    mars-bench-report [ROOT ...] [--out DIR] [--theta 0.9] [--no-figures]
+    mars-bench-report [ROOT ...] [--out DIR] [--theta 0.9] [--no-figures] [--pack FILE.tar.xz]
 
 prints a compact comparison per settings group to stdout (``console.py``: shared settings once, then method,
 n, tokens/s, tau, speedup, quality and its paired delta vs ar; 120 columns unless a terminal) and writes
 every table (``.md``, ``.csv``, ``.tex``) and figure (``.png``, ``.pdf``) to ``<first ROOT>/report/`` (or ``--out``), with ``report.md`` linking them all.
-Problems found while reading (corrupt or truncated sample lines) go to stderr and are marked in the tables.
+A ROOT may be a packed results tree (``.tar.xz``, ``pack.py``); ``--pack`` writes the first ROOT's run files
+into one (how the study's records are committed). Problems found while reading (corrupt or truncated sample lines) go to stderr and are marked in the tables.
 Every number with uncertainty is shown as ``value [lo, hi]`` (95% CI), quality deltas with their p-value,
 n and MDE, and runs with more than 5% of samples cut at max_new_tokens are flagged (``mars_bench.stats``).
 
@@ -18,12 +19,14 @@ Python API (also used by notebooks/analysis.ipynb): results as two pandas DataFr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
 from .console import print_console, render
 from .figures import group_figures, make_figures
 from .frames import DEFAULT_THETA, Frames, groups, load_frames
+from .pack import SUFFIX, is_pack, pack, unpacked
 from .tables import all_tables, write_tables
 from .writer import Table
 
@@ -35,8 +38,10 @@ def write_report(roots, out: str | Path | None = None, theta: float = DEFAULT_TH
                  figures: bool = True) -> dict:
     """Load ``roots``, write tables and figures under ``out``; returns {'frames', 'tables', 'paths', 'out'}."""
     roots = [roots] if isinstance(roots, (str, Path)) else list(roots)
-    out = Path(out) if out is not None else Path(roots[0]) / "report"
-    frames = load_frames(roots)
+    out = Path(out) if out is not None else (Path(str(roots[0])[:-len(SUFFIX)]) if is_pack(roots[0])
+                                             else Path(roots[0])) / "report"
+    with contextlib.ExitStack() as stack:
+        frames = load_frames([stack.enter_context(unpacked(r)) if is_pack(r) else r for r in roots])
     tables = all_tables(frames.runs, theta)
     paths = write_tables(tables, out / "tables")
     figs = make_figures(frames, out / "figures", theta) if figures else []
@@ -95,10 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--theta", type=float, default=DEFAULT_THETA,
                     help=f"mars theta shown in the main table and marked in figures (default {DEFAULT_THETA})")
     ap.add_argument("--no-figures", action="store_true", help="tables only")
+    ap.add_argument("--pack", default=None, metavar="FILE.tar.xz",
+                    help="also pack the first ROOT's run files (run.json, samples, summary, config) into this file")
     args = ap.parse_args(argv)
     try:
         res = write_report(args.roots, args.out, args.theta, figures=not args.no_figures)
-    except FileNotFoundError as e:
+        if args.pack:
+            print(f"mars-bench-report: packed {len(pack(args.roots[0], args.pack))} files to {args.pack}",
+                  file=sys.stderr)
+    except (FileNotFoundError, ValueError) as e:
         print(f"mars-bench-report: error: {e}", file=sys.stderr)
         return 2
     frames = res["frames"]

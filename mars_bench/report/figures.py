@@ -23,7 +23,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from .columns import val
-from .frames import DEFAULT_THETA, groups, headline, rows
+from .frames import DEFAULT_THETA, groups, headline, rows, study_groups
 from .logits import logit_run, r_distribution, z1_histogram
 from .writer import ARROW
 
@@ -151,7 +151,7 @@ def _panel(ax, series, refs, value, annotate=None, ci=None) -> None:
                 ax.axhspan(*ci(r), color=color, alpha=0.12, lw=0)
 
 
-def theta_sensitivity(group: pd.DataFrame, theta: float = DEFAULT_THETA) -> Figure | None:
+def theta_sensitivity(group: pd.DataFrame, theta: float = DEFAULT_THETA, what: str | None = None) -> Figure | None:
     series, refs = _theta_series(group)
     if not series:
         return None
@@ -189,7 +189,7 @@ def theta_sensitivity(group: pd.DataFrame, theta: float = DEFAULT_THETA) -> Figu
         ax.set_xlabel("θ (relax when r = z2/z1 > θ)")
         ax.set_xlim(*_theta_limits(th, theta))
     _shared_legend(fig, (a1, a2, a3))
-    _suptitle(fig, f"θ sensitivity of mars ({_n_label(runs_all)}, error bars: 95% CI)", first[0])
+    _suptitle(fig, f"θ sensitivity of mars ({what or _n_label(runs_all)}, error bars: 95% CI)", first[0])
     return fig
 
 
@@ -414,4 +414,9 @@ def make_figures(frames, out_dir, theta: float = DEFAULT_THETA) -> list[Path]:
         for group in groups(frames.runs).values():
             for name, fig in group_figures(group, frames.samples, theta).items():
                 paths += save(fig, Path(out_dir) / f"{name}__{slug(group.iloc[0])}")
+        for group in study_groups(frames.runs).values():   # a study: its phases joined
+            fig = theta_sensitivity(group, theta, what="study: τ and quality from every sample (batched), "
+                                    f"speedup from the first {int(group['n_timed'].max())} timed at B = 1")
+            if fig is not None:
+                paths += save(fig, Path(out_dir) / f"study_theta__{slug(group.iloc[0])}")
     return paths

@@ -16,7 +16,7 @@ summary is restated from the samples by the writer's functions (``restate.py``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
@@ -34,7 +34,7 @@ INTEGERS = ("k", "batch_size", "max_new_tokens", "seed", "task_version", "n", "n
 KEYS = ("run", "model_dir", "task_dir", "model", "task", "task_version", "tag", "group", "spec", "method", "scheme",
         "rule", "k", "theta", "sweep_knob", "sweep_value", "temperature", "top_p", "max_new_tokens", "seed", "flags",
         "family", "label", "settings_label", "title", "relaxed", "lossless", "n", "truncated", "n_compared",
-        "acceptance_per_depth", "metrics", "sd_tag", "problems", "notes")   # columns even without runs
+        "acceptance_per_depth", "metrics", "sd_tag", "problems", "notes", "phase")   # columns even without runs
 
 
 @dataclass
@@ -88,8 +88,15 @@ def _row(run: RunFiles, s: dict, ar: RunFiles | None, ref: RunFiles | None) -> d
     row.update(spec=run.spec, group=f"{run.model_dir}/{run.task_dir}/{run.spec.baseline().dir_name}",
                baseline=ar.key if ar is not None else None, reference=ref.key if ref is not None else None,
                sd_tag=ref.spec.label if ref is not None else None, metrics=declared_metrics(run.task, run.directions),
-               title=_title(run), dirs=[str(d) for d in run.dirs], problems=list(run.problems), notes=list(run.notes))
+               title=_title(run), dirs=[str(d) for d in run.dirs], problems=list(run.problems), notes=list(run.notes),
+               phase=_phase(run.records))
     return row
+
+
+def _phase(records: list) -> str | None:
+    """The study phase that wrote a run's records (quality | timed; mixed if several; None outside studies)."""
+    phases = {r.get("phase") for r in records} - {None}
+    return phases.pop() if len(phases) == 1 else ("mixed" if phases else None)
 
 
 def _fidelity(per: dict | None) -> dict:
@@ -155,6 +162,41 @@ def at_theta(runs: pd.DataFrame, theta: float) -> pd.DataFrame:
     has = set(runs.loc[runs["relaxed"] & (runs["theta"] == theta), "family"])
     hide = runs["relaxed"] & runs["family"].isin(has) & (runs["theta"] != theta)
     return runs[~hide]
+
+
+def study_pairs(runs: pd.DataFrame) -> list[tuple[pd.Series, pd.Series | None]]:
+    """(timed run, quality run) for every run of a study's timed phase, in the frame's order. The quality run is
+    the timed run's twin of the quality phase (the same spec at another batch size), or, for a greedy lossless
+    method (only timed: its tokens are ar's), ar's quality run; None when absent."""
+    quality = [r for _, r in runs.iterrows() if r["phase"] == "quality"]
+    out = []
+    for _, t in runs[runs["phase"] == "timed"].iterrows():
+        spec = t["spec"]
+        greedy_lossless = spec.lossless and spec.temperature == 0
+        want = spec.baseline() if greedy_lossless else spec
+        twin = next((q for q in quality if (q["model_dir"], q["task_dir"]) == (t["model_dir"], t["task_dir"])
+                     and replace(q["spec"], batch_size=1) == want), None)
+        out.append((t, twin))
+    return out
+
+
+SPEED_COLUMNS = tuple(f"{k}{x}" for k in ("tokens_per_s", "speedup", "speedup_authors") for x in ("", "_lo", "_hi"))
+
+
+def study_groups(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per group of a study's timed runs, one row per method joined as ``study_table`` joins them: the quality
+    run's row with the timed run's speed columns (SPEED_COLUMNS, ``n_timed``); a method only timed (greedy
+    lossless) keeps its timed row. The theta figure of such a group draws tau and quality from every sample
+    and speedup from the timed ones."""
+    out: dict[str, list] = {}
+    for timed, q in study_pairs(runs):
+        own = q is not None and replace(q["spec"], batch_size=1) == timed["spec"]
+        row = q.copy() if own else timed.copy()
+        for k in SPEED_COLUMNS:
+            row[k] = timed.get(k)
+        row["n_timed"] = timed["n"]
+        out.setdefault(timed["group"], []).append(row)
+    return {g: pd.DataFrame(rs).reset_index(drop=True) for g, rs in out.items()}
 
 
 def headline(row) -> str | None:
