@@ -116,6 +116,7 @@ class SampleRecord:
     timing: str | None = None               # interleaved | sequential
     order: int | None = None                # position among the interleaved methods for this sample
     phase: str | None = None                # a study's phase: quality (batched) | timed (B = 1); None outside studies
+    machine: dict | None = None             # where it was decoded (``machine()``): cpu, isa, threads, gpu
     new_tokens: int = 0
     steps: int = 0
     tau: float = 0.0
@@ -473,10 +474,51 @@ def paired_records(records: list[SampleRecord], ar_records: list[SampleRecord]) 
     return [(r, ar[r.id]) for r in records if r.id in ar]
 
 
+# the instruction sets the CPU kernels choose between (models/panel.py, fastpath.py), as /proc/cpuinfo names them
+ISA_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx512f", "avx2")
+
+
+def machine(device: str = "cpu") -> dict:
+    """The machine a record is decoded on: CPU model name, which of ISA_FLAGS it has, torch's threads, and the GPU
+    when the model runs on CUDA. Speeds are compared only between records of equal machines (``speed_pairs``)."""
+    import torch
+
+    from .models.panel import cpu
+
+    model, flags = cpu()
+    gpu = torch.cuda.get_device_name(0) if device != "cpu" and torch.cuda.is_available() else None
+    return {"cpu": model or platform.machine(), "isa": [f for f in ISA_FLAGS if f in flags],
+            "threads": torch.get_num_threads(), "gpu": gpu}
+
+
+def machine_label(m: dict | None) -> str:
+    """One line for headers: 'Intel(R) Xeon(R) Processor (amx_bf16, avx512_bf16, ...; 2 threads)'."""
+    if not m:
+        return "unrecorded"
+    isa = ", ".join(m.get("isa") or []) or "none of " + "/".join(ISA_FLAGS)
+    return f"{m.get('gpu') or m.get('cpu')} ({isa}; {m.get('threads')} threads)"
+
+
+def same_machine(a: SampleRecord, b: SampleRecord) -> bool:
+    """Whether two records' times compare: equal machines, or either unrecorded (written before it was)."""
+    return a.machine is None or b.machine is None or a.machine == b.machine
+
+
+def speed_pairs(records: list[SampleRecord], ar_records: list[SampleRecord]) -> list[tuple]:
+    """``paired_records`` whose two records ran on the same machine: the pairs a speedup is computed over
+    (quality pairs across machines; speed never does)."""
+    return [(r, b) for r, b in paired_records(records, ar_records) if same_machine(r, b)]
+
+
+def machines(records: list) -> list[str]:
+    """The distinct machines of a run's records, as labels (one, unless it was resumed elsewhere)."""
+    return sorted({machine_label(r.machine) for r in as_records(records)})
+
+
 def authors_speedup_columns(records, ar_records) -> tuple[list, list, list, list, str | None]:
     """(tokens, wall, ar tokens, ar wall, note) over the samples both runs have, ar's tokens counted the
     authors' way; where an ar record lacks ``n_retokenized``, its generated count stands in and note says so."""
-    both = paired_records(as_records(records), as_records(ar_records))
+    both = speed_pairs(as_records(records), as_records(ar_records))
     counted = [authors_ar_tokens(b) for _, b in both]
     missing = sum(c is None for c in counted)
     note = (f"{missing} of {len(both)} ar records lack n_retokenized (written before it was recorded): their "
@@ -490,7 +532,7 @@ def speedup(records, ar_records) -> dict | None:
     """Speedup over the ``ar`` run on the samples both have: ours, the authors', and the mean of per-sample
     ratios (definitions in the module doc)."""
     records, ar_records = as_records(records), as_records(ar_records)
-    pairs = paired_records(records, ar_records)
+    pairs = speed_pairs(records, ar_records)
     if not pairs:
         return None
     both, base = [r for r, _ in pairs], [b for _, b in pairs]

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from . import config as C
 from .decode import generate
-from .records import SampleRecord, SampleWriter, TurnRecord, atomic_write_text
+from .records import SampleRecord, SampleWriter, TurnRecord, atomic_write_text, machine, machine_label
 from .summary import summarize_run
 from .system_prompts import system_prompt_text
 from .tags import RunSpec, write_spec
@@ -353,6 +353,8 @@ class Models:
 
             self.eagle3 = load_eagle3_drafter(cfg.model.eagle3, self.pair.target)
         self.kernel = fastpath.kind(self.pair.target.model)   # recorded: which linear kernel the target ran on
+        self.machine = machine(str(cfg.model.device))         # recorded: CPU, instruction sets, threads (GPU)
+        log.info("machine: %s | kernel %s", machine_label(self.machine), self.kernel)
         self.eos = eos_ids(self.pair.target.model, self.pair.tokenizer)
         self._wrote = set()
 
@@ -373,7 +375,8 @@ class Models:
                            seed=cfg.seed * 1_000_003 + index + 100_003 * t)
             outputs.append(tok.decode(res.tokens, skip_special_tokens=True))
             turns.append(_turn_record(res, ids, outputs[-1], tok))
-        return _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order)
+        return _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order,
+                              self.machine)
 
     def decode_batched(self, job: Job, todo: list, write, order: int = 0, source=None) -> None:
         """Samples ``todo`` ([(index, sample)]) with the job's method at ``batch_size`` rows (decode.engine):
@@ -401,7 +404,8 @@ class Models:
             turns.append({**_turn_record(res, req.prompt, outputs[-1], tok), "span_s": res.span_s})
             if t + 1 < len(sample.turns):
                 return request(sample, index, t + 1)
-            write(sample, _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order))
+            write(sample, _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel,
+                                         order, self.machine))
             del state[sample.id]
             return None
 
@@ -456,7 +460,8 @@ def _turn_record(res, prompt_ids, text, tokenizer=None) -> dict:
         depth_proposed=res.depth_proposed or None).to_dict()
 
 
-def _sample_record(job: Job, sample, index, turns, score, fast_kernel: str, order: int) -> dict:
+def _sample_record(job: Job, sample, index, turns, score, fast_kernel: str, order: int,
+                   machine_facts: dict | None = None) -> dict:
     """One sample's record (``SampleRecord``) as samples.jsonl holds it; ``turns``: its turn records
     (``_turn_record``'s dicts, extra keys such as span_s kept, or TurnRecords)."""
     cfg, tag = job.cfg, job.tag
@@ -470,7 +475,7 @@ def _sample_record(job: Job, sample, index, turns, score, fast_kernel: str, orde
     return SampleRecord(
         id=sample.id, index=index, task=job.task.name, task_version=job.task.version, model=cfg.model.name,
         method=tag.head, scheme=tag.scheme, rule=tag.rule, rule_settings=tag.settings, k=cfg.method.k,
-        p_min=job.method.p_min, draft_quant=C.draft_quant_of(cfg), fast_kernel=fast_kernel,
+        p_min=job.method.p_min, draft_quant=C.draft_quant_of(cfg), fast_kernel=fast_kernel, machine=machine_facts,
         theta=tag.settings.get("theta"), temperature=cfg.temperature, seed=cfg.seed,
         timing="interleaved" if job.interleaved else "sequential", order=order, phase=job.phase,
         new_tokens=s("new_tokens"), steps=s("steps"), tau=s("new_tokens") / s("steps") if s("steps") else 0.0,

@@ -188,10 +188,14 @@ def run_stats(recs: list, ar_recs: list | None = None, sd_recs: list | None = No
            "quality_vs_sd": None}
     out["quality"] = quality_cis(recs, metrics, settings, references)
     if ar_recs is not None:
-        pairs = R.paired_records(recs, ar_recs)
+        pairs, common = R.speed_pairs(recs, ar_recs), len(R.paired_records(recs, ar_recs))
         both, base = [r for r, _ in pairs], [b for _, b in pairs]
+        apart = (f"{common - len(pairs)} of {common} samples left out: decoded on another machine than ar's "
+                 "(speed compares only within one machine)") if len(pairs) < common else None
         out["speedup"] = S.speedup_ci(col(both, "new_tokens"), col(both, "wall_s"), col(base, "new_tokens"),
                                       col(base, "wall_s"), settings)
+        if apart:
+            out["speedup"]["note"] = "; ".join(x for x in (out["speedup"].get("note"), apart) if x)
         out["speedup_authors"] = authors_speedup_ci(recs, ar_recs, settings)
         out["quality_vs_ar"] = quality_tests(recs, ar_recs, metrics, settings, references)
     if sd_recs is not None:
@@ -247,6 +251,7 @@ def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | No
         "method": tag.head if tag else method.name, "k": cfg.method.k,
         "draft_quant": draft_quant_of(cfg),
         "fast_kernel": sorted({r.fast_kernel or "unrecorded" for _, r in ordered}),   # one, unless resumed elsewhere
+        "machines": R.machines([r for _, r in ordered]),   # CPU (or GPU), instruction sets, threads; likewise
         "scheme": method.name, "rule": method.rule if method.speculative else None,
         "rule_settings": method.rule_kwargs, "lossless": (not method.speculative) or (tag.lossless if tag else RULES[method.rule].lossless),
         "theta": method.rule_kwargs.get("theta"),

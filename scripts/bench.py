@@ -31,7 +31,7 @@ from mars_bench import stats as S  # noqa: E402
 from mars_bench.decode import DecodeConfig, Method, generate  # noqa: E402
 from mars_bench.models import fastpath, llamacpp, panel  # noqa: E402
 from mars_bench.models.pairs import eos_ids  # noqa: E402
-from mars_bench.records import SPEEDUP_DEFINITION, TAU_DEFINITION  # noqa: E402
+from mars_bench.records import SPEEDUP_DEFINITION, TAU_DEFINITION, machine, machine_label  # noqa: E402
 
 TASKS = ("gsm8k", "humaneval")
 REF_AR = "ar (fp32 panel)"            # the reference block's ratios are to this row
@@ -344,6 +344,7 @@ def write(out: Path, table: pd.DataFrame, goals, costs: dict, rss: dict, meta: d
         "outside forwards": [f(x * 100, 1) + "%" if not pd.isna(x) else "-" for x in table["outside_forward_share"]]})
     kernels = ", ".join(f"{k}: {v}" for k, v in (meta.get("kernels") or {}).items())
     lines = [f"# Embedded default pair ({meta.get('draft_quant')} draft, CPU {os.cpu_count()} cores), greedy", "",
+             f"Machine: {meta.get('machine', 'unrecorded')}.", "",
              f"{meta.get('prompts_per_task')} prompts per task, max_new_tokens={meta.get('max_new_tokens')}. Kernels: "
              f"{kernels}. `{OURS}` rows: `mars-bench +compare=bench` (conf/compare/bench.yaml), the methods "
              f"interleaved, ratios to their ar from summary.json (runs: `{meta.get('runs')}`). `{REFS}` rows: "
@@ -445,7 +446,8 @@ def main():
         kernels["bf16 target"] = fastpath.kind(pair16.target.model)
     meta = {"prompts_per_task": args.limit, "max_new_tokens": args.max_new_tokens, "dtypes": dtypes,
             "draft_quant": quant, "kernels": kernels, "llama_cpp_skipped": why_no_llama, "threads": args.threads,
-            "runs": str(runs.relative_to(ROOT) if runs.is_relative_to(ROOT) else runs), "torch": torch.__version__}
+            "runs": str(runs.relative_to(ROOT) if runs.is_relative_to(ROOT) else runs), "torch": torch.__version__,
+            "machine": machine_label(machine())}
     print(write(Path(args.out), table, check_goals(table, costs, rss), costs, rss, meta))
 
 

@@ -20,7 +20,7 @@ TURN_KEYS = ["prompt_tokens", "new_tokens", "steps", "n_retokenized", "tau", "st
              "output_text", "depth_proposed"]
 SAMPLE_KEYS = ["record_version", "id", "index", "task", "task_version", "model", "method", "scheme", "rule",
                "rule_settings", "k", "p_min", "draft_quant", "fast_kernel", "theta", "temperature", "seed", "timing",
-               "order", "phase", "new_tokens", "steps", "tau", "n_proposed", "n_accepted", "n_exact", "n_relaxed",
+               "order", "phase", "machine", "new_tokens", "steps", "tau", "n_proposed", "n_accepted", "n_exact", "n_relaxed",
                "n_by_clause", "prefill_s", "wall_s", "target_s", "draft_s", "score", "batch_size", "turns"]
 
 
@@ -128,3 +128,26 @@ def test_sample_writer_takes_a_record(tmp_path):
     w.close()
     (line,), _ = R.read_samples(tmp_path / "run" / "samples.jsonl")
     assert line["record_version"] == RECORD_VERSION and line["writer"] and SampleRecord.from_dict(line).id == "q0"
+
+
+def test_machine_is_recorded_and_speed_compares_only_within_one_machine():
+    from mars_bench import stats as S
+    from mars_bench.summary import run_stats
+
+    here = R.machine()
+    assert here["cpu"] and here["threads"] >= 1 and set(here["isa"]) <= set(R.ISA_FLAGS)
+    assert str(here["threads"]) in R.machine_label(here) and R.machine_label(None) == "unrecorded"
+    other = {**here, "cpu": "Another CPU", "isa": []}
+
+    def rec(i, wall, m):
+        return R.SampleRecord(id=f"s{i}", new_tokens=10, steps=5, wall_s=wall, machine=m)
+
+    ar = [rec(i, 2.0, here) for i in range(6)]
+    mine = [rec(i, 1.0, here) for i in range(3)] + [rec(i, 0.1, other) for i in range(3, 6)]
+    assert len(R.paired_records(mine, ar)) == 6 and len(R.speed_pairs(mine, ar)) == 3
+    assert R.speedup(mine, ar)["speedup"] == 2.0 and R.speedup(mine, ar)["n_common"] == 3   # not 11x
+    st = run_stats(mine, ar, settings=S.StatsSettings(n_boot=200))
+    assert st["speedup"]["value"] == 2.0 and "3 of 6 samples left out" in st["speedup"]["note"]
+    assert R.machines(mine) == sorted({R.machine_label(here), R.machine_label(other)})
+    legacy = [rec(i, 1.0, None) for i in range(6)]      # written before machines were recorded: still compared
+    assert len(R.speed_pairs(legacy, ar)) == 6

@@ -24,7 +24,7 @@ Run row (``run_row``), by origin:
              ni_bound, ni_p_value, ni_note
   stops      truncated (share of samples cut at max_new_tokens), stop/<reason>
   settings   level, ni_margin (the statistics settings the intervals were computed with)
-  provenance model, task, task_version, fast_kernel (a list), subset, limit
+  provenance model, task, task_version, fast_kernel (a list), machines (a list of labels), subset, limit
 Sample row (``sample_row``): id, index, new_tokens, steps, tau, wall_s, tokens_per_s, n_proposed, n_accepted,
 n_exact, n_relaxed, acceptance_rate, idx_authors, prefill_s, target_s, draft_s, n_turns, stop_reason (of
 its last turn), fast_kernel, score/<key>, and z1, z2, outcome (per verified draft position, over turns).
@@ -126,7 +126,8 @@ def summary_columns(s: dict) -> dict:
     cfg = s.get("config") or {}
     out.update(level=(st.get("settings") or {}).get("level"), ni_margin=(st.get("settings") or {}).get("ni_margin"),
                model=s.get("model"), task=s.get("task"), task_version=s.get("task_version"),
-               fast_kernel=s.get("fast_kernel"), subset=cfg.get("subset"), limit=cfg.get("limit"))
+               fast_kernel=s.get("fast_kernel"), machines=s.get("machines"), subset=cfg.get("subset"),
+               limit=cfg.get("limit"))
     return out
 
 

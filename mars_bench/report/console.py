@@ -54,8 +54,8 @@ def _shared_flags(runs: pd.DataFrame) -> list[str]:
 
 
 def settings_line(runs: pd.DataFrame) -> str:
-    """What every row of a group shares, on two lines: model pair and task; decoding, budget, k, draft
-    and CPU kernel."""
+    """What every row of a group shares, on two lines: model pair and task; decoding, budget, k, draft,
+    CPU kernel and the machine(s) the runs decoded on (CPU model, instruction sets, threads)."""
     first = runs.iloc[0]
     version = val(first, "task_version")
     task = f"{val(first, 'task') or first['task_dir']} v{version}" if version else first["task_dir"]
@@ -69,6 +69,8 @@ def settings_line(runs: pd.DataFrame) -> str:
     parts += [f"k={'/'.join(str(k) for k in ks)}"] if ks else []
     parts += [f"draft {f[len('draft'):]}" if f.startswith("draft") else f for f in _shared_flags(runs)]
     parts += [f"CPU kernel {', '.join(kernels)}"] if kernels else []
+    machines = sorted({m for r in rows(runs) for m in (val(r, "machines") or [])} - {"unrecorded"})
+    parts += [f"on {' / '.join(machines)}"] if machines else []
     return f"model pair: {first['title'].split(' | ')[0]} | task: {task}\n" + " | ".join(parts)
 
 

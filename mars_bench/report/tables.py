@@ -58,6 +58,10 @@ def _notes(table: Table, run) -> str:
     if cut is not None and cut > TRUNCATION_LIMIT:
         items.append(f"{tag}: {cut:.0%} of samples stopped at max_new_tokens (> {TRUNCATION_LIMIT:.0%}): "
                      "its quality reflects the token budget")
+    machines = val(run, "machines") or []
+    if len(machines) > 1:
+        items.append(f"{tag}: decoded on {len(machines)} machines ({'; '.join(machines)}): its speedup pairs only "
+                     "samples decoded on the same machine as ar's")
     marks = [table.footnote(text) for text in items]
     warn = problems or (cut is not None and cut > TRUNCATION_LIMIT)
     return ("⚠ " if warn else "") + ",".join(f"[{m}]" for m in marks)
