@@ -158,3 +158,25 @@ def test_a_current_summary_is_read_and_is_what_wandb_logs(tmp_path):
         values = summary_values(summaries[row["tag"]], row["spec"])
         assert values and all(val(row, k) == pytest.approx(v) for k, v in values.items()
                               if "/" not in k or not k.split("/")[-1].isdigit()), row["tag"]
+
+
+def test_headline_skips_a_metric_whose_format_the_model_never_wrote():
+    from mars_bench.report.frames import headline
+
+    row = {"task": "gsm8k", "metrics": ["accuracy_strict", "accuracy_flexible", "accuracy_authors"],
+           "quality/accuracy_strict": 0.0, "quality/accuracy_flexible": 0.425, "quality/strict_format_rate": 0.0}
+    assert headline(row) == "accuracy_flexible"          # strict accuracy needs '####'; rate 0: says nothing
+    assert headline({**row, "quality/strict_format_rate": 0.5}) == "accuracy_strict"
+    assert headline({**row, "quality/strict_format_rate": None}) == "accuracy_strict"   # rate unknown: as declared
+
+
+def test_a_metric_may_need_only_a_format_rate_of_its_own_task():
+    import pytest
+
+    from mars_bench.tasks.base import parse_metrics
+
+    ok = parse_metrics({"a": {"higher": True, "test": "binary", "per_sample": "x", "needs_format": "r"},
+                        "r": {"higher": True, "test": "none"}}, "t.yaml")
+    assert ok["a"].needs_format == "r" and ok["r"].needs_format is None
+    with pytest.raises(ValueError, match="needs_format='nope'; allowed: a metric of this task"):
+        parse_metrics({"a": {"higher": True, "test": "binary", "per_sample": "x", "needs_format": "nope"}}, "t.yaml")

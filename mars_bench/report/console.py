@@ -60,7 +60,7 @@ def settings_line(runs: pd.DataFrame) -> str:
     version = val(first, "task_version")
     task = f"{val(first, 'task') or first['task_dir']} v{version}" if version else first["task_dir"]
     task += f" (subset {first['subset']})" if val(first, "subset") else ""
-    task += f", limit {first['limit']}" if val(first, "limit") else ""
+    task += f", limit {int(first['limit'])}" if val(first, "limit") else ""
     ks = sorted({int(r["k"]) for r in rows(runs) if val(r, "k") is not None})
     kernels = sorted({k for r in rows(runs) for k in (val(r, "fast_kernel") or [])})
     decoding = "greedy (T=0)" if first["temperature"] == 0 else f"T={first['temperature']:g} top_p={first['top_p']:g}"

@@ -114,12 +114,19 @@ def _title(run: RunFiles) -> str:
 
 @lru_cache(maxsize=None)
 def _declared(task: str) -> tuple[str, ...]:
+    return tuple(_registration(task))
+
+
+@lru_cache(maxsize=None)
+def _registration(task: str) -> dict:
+    """The task's metrics as its task.yaml declares them (name -> entry), in order; {} for a task unknown here
+    (results from elsewhere: alphabetical order then)."""
     from ..tasks.base import load_spec
 
     try:
-        return tuple(load_spec(task)["metrics"] or {})
-    except Exception:  # a task unknown here (results from elsewhere): alphabetical
-        return ()
+        return dict(load_spec(task)["metrics"] or {})
+    except Exception:
+        return {}
 
 
 def declared_metrics(task: str, directions: dict) -> list[str]:
@@ -200,8 +207,15 @@ def study_groups(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def headline(row) -> str | None:
-    """The first metric the task declares that this run reports (e.g. accuracy_strict, pass@1, bleu)."""
-    return next((m for m in val(row, "metrics", []) if val(row, f"quality/{m}") is not None), None)
+    """The first metric the task declares that this run reports (e.g. accuracy_strict, pass@1, bleu), skipping one
+    whose ``needs_format`` rate is 0 in this run (e.g. GSM8K's strict accuracy when the model never wrote
+    '#### <answer>': every answer scores 0 whatever its number)."""
+    reg = _registration(str(val(row, "task") or ""))
+    for m in val(row, "metrics", []):
+        fmt = (reg.get(m) or {}).get("needs_format") if isinstance(reg.get(m), dict) else None
+        if val(row, f"quality/{m}") is not None and not (fmt and val(row, f"quality/{fmt}") == 0):
+            return m
+    return None
 
 
 def reported(runs: pd.DataFrame) -> list[str]:

@@ -40,6 +40,8 @@ class MetricSpec:
     higher: bool
     test: str
     per_sample: str | None = None
+    needs_format: str | None = None   # a format-rate metric; at 0 (the model never wrote the format) this one says
+    #                                   nothing, and reports lead with the next declared metric (frames.headline)
 
     @property
     def direction(self) -> str:
@@ -58,9 +60,12 @@ def parse_metrics(raw: Any, path: Any) -> dict[str, MetricSpec]:
         if not isinstance(entry, dict):
             raise ValueError(f"{where}: expected {{higher: bool, test: {'|'.join(METRIC_TESTS)}, per_sample: key}}, "
                              f"got {entry!r}")
-        unknown = sorted(set(entry) - {"higher", "test", "per_sample"})
+        unknown = sorted(set(entry) - {"higher", "test", "per_sample", "needs_format"})
         if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: higher, test, per_sample")
+            raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: higher, test, per_sample, needs_format")
+        fmt = entry.get("needs_format")
+        if fmt is not None and fmt not in raw:
+            raise ValueError(f"{where}: needs_format={fmt!r}; allowed: a metric of this task ({', '.join(raw)})")
         higher, test, per_sample = entry.get("higher"), entry.get("test"), entry.get("per_sample")
         if not isinstance(higher, bool):
             raise ValueError(f"{where}: higher={higher!r}; allowed: true or false")
@@ -71,7 +76,7 @@ def parse_metrics(raw: Any, path: Any) -> dict[str, MetricSpec]:
         if test != "none" and not (isinstance(per_sample, str) and per_sample):
             raise ValueError(f"{where}: per_sample={per_sample!r}; allowed: the score key holding the "
                              f"per-sample value (required by test {test})")
-        out[name] = MetricSpec(name, higher, test, per_sample)
+        out[name] = MetricSpec(name, higher, test, per_sample, fmt)
     return out
 
 
