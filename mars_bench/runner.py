@@ -241,7 +241,6 @@ def _run_batched(cfg, jobs: list, models) -> list[dict]:
     """Each job's missing samples at its batch size, one job after another (no timing is read from them), then
     the summaries, ar first (the others compare to it)."""
     loggers = [make_logger(j.cfg.logger, j.run_dir, j.cfg, spec=j.tag) for j in jobs]
-    summaries = [None] * len(jobs)
     try:
         todo = sum(len(j.todo) for j in jobs)
         bar = _progress(None, f"{cfg.model.name} | {jobs[0].task.name} | quality phase", cfg.progress, total=todo) \
@@ -254,14 +253,25 @@ def _run_batched(cfg, jobs: list, models) -> list[dict]:
                                         source=job.writer.claimed(rest))
         if bar is not None:
             bar.close()
-        for j in sorted(range(len(jobs)), key=lambda j: jobs[j].method.speculative):
-            summaries[j] = jobs[j].summarize()
-            loggers[j].log_summary(summaries[j])
+        summaries = _summarize(jobs, loggers)
     finally:
-        for job, lg in zip(jobs, loggers):
-            job.writer.close()
-            lg.close()
+        _close(jobs, loggers)
     return summaries
+
+
+def _summarize(jobs: list, loggers: list) -> list[dict]:
+    """Each job's summary.json, ar first (the others compare to it), logged; in the jobs' order."""
+    summaries = [None] * len(jobs)
+    for j in sorted(range(len(jobs)), key=lambda j: jobs[j].method.speculative):
+        summaries[j] = jobs[j].summarize()
+        loggers[j].log_summary(summaries[j])
+    return summaries
+
+
+def _close(jobs: list, loggers: list) -> None:
+    for job, lg in zip(jobs, loggers):
+        job.writer.close()
+        lg.close()
 
 
 def run_interleaved(cfg, variants: list, ctx=None, jobs: list | None = None) -> list[dict]:
@@ -296,15 +306,9 @@ def run_interleaved(cfg, variants: list, ctx=None, jobs: list | None = None) -> 
                     _write(job, sample, ctx.decode(job, sample, i), loggers[j])
                     bar.update(1)
             bar.close()
-        order = sorted(range(len(jobs)), key=lambda j: jobs[j].method.speculative)   # ar first: others compare to it
-        summaries = [None] * len(jobs)
-        for j in order:
-            summaries[j] = jobs[j].summarize()
-            loggers[j].log_summary(summaries[j])
+        summaries = _summarize(jobs, loggers)
     finally:
-        for j, lg in zip(jobs, loggers):
-            j.writer.close()
-            lg.close()
+        _close(jobs, loggers)
     for j, s in zip(jobs, summaries):
         log.info("%s: %s", j.label, {k: s["totals"][k] for k in ("tokens_per_s", "tau", "n_relaxed")})
     return summaries

@@ -4,9 +4,6 @@ records carry their phase, both phases resume, and the report joins them (``stud
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from mars_bench.report import load_frames
@@ -16,15 +13,10 @@ from mars_bench.report.pack import pack
 from mars_bench.report.tables import study_table
 from mars_bench.runner import identity_problem
 
-ROOT = Path(__file__).resolve().parent.parent
+from .test_interleaved import cli
+
 STUDY = ["+compare=methods", "task=gsm8k", "limit=6", "max_new_tokens=12", "study.batch_size=3",
          "study.timed_min=2", "study.timed_max=4"]
-
-
-def cli(*args, timeout=300):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, "-m", "mars_bench.cli", *args, "model=tiny", "progress=false"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def runs(root: Path) -> dict:

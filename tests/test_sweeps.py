@@ -186,7 +186,8 @@ def test_loggers(tmp_path, monkeypatch):
     assert {p.name.split("__")[0] for p in (run_dir / "figures").glob("*.png")} >= {"r_distribution"}
 
 
-@pytest.mark.parametrize("override", ["+compare=methods", "+sweep=rules", "+experiment=cpu_reproduction"])
+@pytest.mark.parametrize("override", ["+compare=methods", "+sweep=rules", "+experiment=cpu_reproduction",
+                                      "+experiment=study_theta", "+experiment=study_methods"])
 def test_every_compare_entry_composes_and_validates(hydra_ctx, override):
     """Each entry of an interleaved comparison is a job of its own: it must compose and validate, and
     no two entries may name the same run directory."""
@@ -200,3 +201,13 @@ def test_every_compare_entry_composes_and_validates(hydra_ctx, override):
         C.validate(cfg)
         tags.append(RunTag.from_config(cfg, 64).dir_name)
     assert len(set(tags)) == len(tags) and tags[0].startswith("ar-")
+
+
+@pytest.mark.parametrize("task", ["wmt19_zh_en", "gsm8k", "humaneval", "mt_bench", "alpaca", "cnn_dm"])
+def test_the_reproduce_full_studies_compose_and_validate_per_task(hydra_ctx, task):
+    """make reproduce-full: study_theta on WMT19, study_methods on every other task, the paper's subsets."""
+    experiment = "study_theta" if task == "wmt19_zh_en" else "study_methods"
+    cfg = compose("config", overrides=[f"+experiment={experiment}", f"task={task}"])
+    C.validate(cfg)
+    assert cfg.study.batch_size == 16 and cfg.subset == "paper" and cfg.batch_size == 1
+    assert [list(e) for e in cfg.interleave][:2] == [["method=ar"], ["method=sd"]]
