@@ -151,3 +151,23 @@ def test_machine_is_recorded_and_speed_compares_only_within_one_machine():
     assert R.machines(mine) == sorted({R.machine_label(here), R.machine_label(other)})
     legacy = [rec(i, 1.0, None) for i in range(6)]      # written before machines were recorded: still compared
     assert len(R.speed_pairs(legacy, ar)) == 6
+
+
+def test_a_summary_over_two_machines_is_current_for_the_report(tmp_path):
+    """summary.json's speedup pairs only same-machine samples; the report must read it as current, not restate
+    it (a restated summary has no references, so its BLEU tests would be lost)."""
+    from mars_bench import stats as S
+    from mars_bench.report.read import RunFiles
+    from mars_bench.report.restate import _current
+    from mars_bench.summary import run_stats
+
+    here = R.machine()
+    other = {**here, "threads": here["threads"] + 1}
+    ar = [R.SampleRecord(id=f"s{i}", new_tokens=10, steps=10, wall_s=2.0, machine=here if i < 3 else other)
+          for i in range(6)]
+    mine = [R.SampleRecord(id=f"s{i}", new_tokens=10, steps=5, wall_s=1.0, machine=here) for i in range(6)]
+    stats = run_stats(mine, ar, settings=S.StatsSettings(n_boot=200))
+    assert stats["speedup"]["n"] == 3
+    run = RunFiles.__new__(RunFiles)
+    run.records = [r.to_dict() for r in mine]
+    assert _current(stats, run, [r.to_dict() for r in ar], None)

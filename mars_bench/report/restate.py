@@ -50,10 +50,10 @@ def _vs_ar(run: RunFiles, s: dict, ar: RunFiles | None) -> tuple[dict | None, di
         if sp is None:
             run.notes.append(f"no speedup: no ar run {run.spec.baseline().label} with samples beside it")
         return sp, fid
-    ids = {r["id"] for r in ar.records}
-    n_common = sum(r["id"] in ids for r in run.records)
+    recs, base = R.as_records(run.records), R.as_records(ar.records)
+    n_common, n_speed = len(R.paired_records(recs, base)), len(R.speed_pairs(recs, base))   # speed: same machine
     fid_n = ((fid or {}).get("aggregate") or {}).get("n")
-    if sp is not None and sp.get("n_common") == n_common and fid_n == n_common and "speedup_authors" in sp:
+    if sp is not None and sp.get("n_common") == n_speed and fid_n == n_common and "speedup_authors" in sp:
         return sp, fid
     run.notes.append(f"speedup and fidelity recomputed from samples ({n_common} in common with ar)")
     return R.speedup(run.records, ar.records), W.fidelity_vs_ar(run.records, ar.records)
@@ -81,8 +81,7 @@ def _current(stored: dict, run: RunFiles, ar_recs: list | None, ref_recs: list |
     if (stored.get("tau") or {}).get("n") != len(run.records) or "tau_authors" not in stored:
         return False
     if ar_recs is not None:
-        ids = {r["id"] for r in ar_recs}
-        n_ar = sum(r["id"] in ids for r in run.records)
+        n_ar = len(R.speed_pairs(R.as_records(run.records), R.as_records(ar_recs)))   # speed pairs one machine
         if (stored.get("speedup") or {}).get("n") != n_ar or stored.get("speedup_authors") is None:
             return False
     return ref_recs is None or stored.get("quality_vs_sd") is not None
