@@ -187,6 +187,11 @@ def study_pairs(runs: pd.DataFrame) -> list[tuple[pd.Series, pd.Series | None]]:
     return out
 
 
+def is_twin(timed, quality) -> bool:
+    """Whether a study pair's quality run decoded the timed run's own method (not ar's, standing in for it)."""
+    return quality is not None and replace(quality["spec"], batch_size=1) == timed["spec"]
+
+
 SPEED_COLUMNS = tuple(f"{k}{x}" for k in ("tokens_per_s", "speedup", "speedup_authors") for x in ("", "_lo", "_hi"))
 
 
@@ -197,7 +202,7 @@ def study_groups(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
     and speedup from the timed ones."""
     out: dict[str, list] = {}
     for timed, q in study_pairs(runs):
-        own = q is not None and replace(q["spec"], batch_size=1) == timed["spec"]
+        own = is_twin(timed, q)
         row = q.copy() if own else timed.copy()
         for k in SPEED_COLUMNS:
             row[k] = timed.get(k)

@@ -21,7 +21,7 @@ import pandas as pd
 from .. import records as R
 from .. import stats as S
 from .columns import paired_test, val
-from .frames import DEFAULT_THETA, at_theta, groups, headline, reported, rows, study_pairs
+from .frames import DEFAULT_THETA, at_theta, groups, headline, reported, rows, study_pairs, is_twin
 from .writer import ARROW, Table, ci, cells, select
 
 AUTHORS_DEFINITIONS = (f"Authors' formulas, shown beside ours, never instead: {R.SPEEDUP_AUTHORS_DEFINITION}; "
@@ -281,7 +281,7 @@ def study_table(runs: pd.DataFrame) -> Table:
                ("speedup_authors", "speedup, authors' formula (×)", ".2f[]"), ("notes", "notes", "")])
     out = []
     for timed, q in pairs:
-        own = q is not None and q["spec"].scheme == timed["spec"].scheme and q["spec"].rule == timed["spec"].rule
+        own = is_twin(timed, q)
         src = q if own else timed   # tau and fidelity: the quality run's, or the timed samples' (greedy lossless)
         row = {**{v: timed[k] for k, v in BASE.items()}, **_row_values(src, STUDY_QUALITY),
                **_row_values(timed, STUDY_SPEED), "notes": _notes(t, timed)}
