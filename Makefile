@@ -62,13 +62,18 @@ figures: $(STAMP)
 
 # Speed of every decoding path on the embedded pair -> results/bench/: our methods through the runner
 # (+compare=bench, +compare=bench_batch per task and batch size; runs in results/bench_runs/, cleared each
-# time), the reference rows (transformers, llama.cpp) interleaved with our ar, forward costs and peak RSS.
-# Shorter: make bench BENCH_ARGS="--limit 1 --max-new-tokens 24" BATCH_ARGS="--limit 2 --batch-sizes 1,2"
+# time), the reference rows (transformers, llama.cpp) interleaved with our ar, forward costs and peak RSS;
+# then the draft's part (scripts/bench_draft.py): draft vs target cost per draft setting, the k sweep, sd and
+# mars at the task budgets, beside llama.cpp speculative, prompt lookup -> results/bench/draft.md.
+# Shorter: make bench BENCH_ARGS="--limit 1 --max-new-tokens 24" BATCH_ARGS="--limit 2 --batch-sizes 1,2" \
+#   DRAFT_ARGS="--sweep-limit 1 --limit 1 --max-new-tokens 32 --lookup-limit 1 --llama-limit 1"
 BENCH_ARGS ?=
 BATCH_ARGS ?=
+DRAFT_ARGS ?=
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 	$(BIN)/python scripts/bench_batch.py $(BATCH_ARGS)
+	$(BIN)/python scripts/bench_draft.py $(DRAFT_ARGS)
 
 # Fast tier: tiny random models, CPU, minutes. The real-pair tier is `make test-slow`.
 test: $(STAMP)

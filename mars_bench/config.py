@@ -19,10 +19,11 @@ from .system_prompts import SYSTEM_PROMPTS
 
 SOURCES = ("tiny", "embedded", "hf")
 DEVICES = ("cpu", "cuda", "auto")
-DRAFT_QUANT = ("none", "int8")
+DRAFT_QUANT = ("none", "int8", "q8", "q4")
 # What records and run tags call a draft quantization: int8 runs per-row activation scales
 # (models/fastpath.Int8Linear), recorded as int8row; tag "draftint8" marks older per-call-scale runs.
-DRAFT_QUANT_SCHEME = {"none": "none", "int8": "int8row"}
+# q8 / q4: 8- / 4-bit codes with an fp16 scale per 32 weights (models/quant.py, AVX512-VNNI).
+DRAFT_QUANT_SCHEME = {"none": "none", "int8": "int8row", "q8": "q8g32", "q4": "q4g32"}
 RULE_ALIASES = ("theta", "nonpositive_top1", "sampled_top1")   # method.<x> = rule.<x>, the releases before the rule axis
 
 
@@ -41,7 +42,10 @@ class ModelConfig:
     device_map: Optional[str] = None  # e.g. "auto" to shard a large target over several GPUs
     cache_dir: Optional[str] = None   # embedded: converted-model cache (null: $MARS_BENCH_CACHE or ~/.cache/mars-bench)
     fast_path: str = "auto"         # CPU fast path: auto (on for cpu) | on (best kernel: AVX-512 panel, else MKL) | mkl | off
-    draft_quant: str = "none"       # none | int8: draft linears as fbgemm dynamic int8 (CPU; the target is never quantized)
+    draft_quant: str = "none"       # none | int8 (fbgemm) | q8 | q4 (group-32 codes, VNNI kernel): the draft's linears
+    #                                 (CPU; the target is never quantized)
+    draft_vocab: int = 0            # > 0: the draft's LM head keeps the first draft_vocab ids (+ special tokens);
+    #                                 the target still scores every id (0 = the full vocabulary)
     eagle3: Optional[str] = None    # EAGLE-3 head (Hub id or local dir) for method=eagle3 / eagle3_mars
     enable_thinking: Optional[bool] = None  # null = the chat template's default; true/false = passed to
     #                                         apply_chat_template (only for a template with that switch, e.g. Qwen3)
@@ -208,6 +212,9 @@ def validate(cfg: Any) -> None:
     _one_of("model.dtype", cfg.model.dtype, ("fp32", "bf16", "fp16"))
     _one_of("model.fast_path", cfg.model.fast_path, ("auto", "on", "mkl", "off"))
     _one_of("model.draft_quant", cfg.model.draft_quant, DRAFT_QUANT)
+    dv = cfg.model.get("draft_vocab", 0)
+    if isinstance(dv, bool) or not isinstance(dv, int) or 0 < dv < 256 or dv < 0:
+        raise ConfigError(f"model.draft_vocab={dv!r}; allowed: 0 (the full vocabulary) or an integer >= 256")
     if cfg.model.draft_quant != "none" and cfg.model.device == "cuda":
         raise ConfigError(f"model.draft_quant={cfg.model.draft_quant!r} runs on CPU only; allowed with "
                           "model.device=cuda: none")
@@ -281,8 +288,16 @@ def rule_settings(cfg: Any, rule_name: str) -> dict:
 
 
 def draft_quant_of(cfg: Any) -> Optional[str]:
-    """The draft's quantization for methods with a separate draft model; None for the others."""
-    return DRAFT_QUANT_SCHEME[cfg.model.draft_quant] if method_of(cfg).name in DRAFT_MODEL else None
+    """The draft quantization that runs, for methods with a separate draft model; None for the others.
+    q4 / q8 where their kernel cannot run (no AVX512-VNNI, no compiler) run int8, and say so here."""
+    if method_of(cfg).name not in DRAFT_MODEL:
+        return None
+    scheme = cfg.model.draft_quant
+    if scheme in ("q4", "q8"):
+        from .models import quant
+
+        scheme = scheme if quant.available() else "int8"
+    return DRAFT_QUANT_SCHEME[scheme]
 
 
 def tree_knobs(m: Any) -> dict:

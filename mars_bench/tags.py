@@ -51,7 +51,7 @@ DIR_SEPARATOR = "@"     # between label and digest; never in a legacy name (thos
 # Fields left out of the digest at these values (fixed here, never the dataclass defaults, so that changing a
 # default can never give an old directory to new settings). A field added later goes here with the value
 # that means "not used", so that every earlier run keeps its directory.
-DIGEST_NEUTRAL = {"options": {}}
+DIGEST_NEUTRAL = {"options": {}, "draft_vocab": 0}
 
 
 def _fmt(x: float) -> str:
@@ -74,7 +74,8 @@ class RunSpec:
     topk_q: str = "onehot"          # trees, sampled, topk children: onehot | draft (in the label as -qdraft)
     settings: dict = field(default_factory=dict)   # the rule's settings (defaults filled in)
     p_min: float = 0.0              # chains: adaptive draft length
-    draft_quant: str | None = None  # int8 when the draft model is quantized
+    draft_quant: str | None = None  # the draft's quantization scheme (int8row, q8g32, q4g32) when quantized
+    draft_vocab: int = 0            # model.draft_vocab: ids the draft's LM head keeps (0 = all)
     batch_size: int = 1             # sequences decoded at once (in the label only when > 1)
     system_prompt: str = "none"     # protocol.system_prompt (a name in system_prompts.SYSTEM_PROMPTS)
     budget: str = "exact"           # protocol.budget: exact | after_step
@@ -92,7 +93,7 @@ class RunSpec:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         for name in ("temperature", "top_p", "p_min"):
             put(name, float(getattr(self, name)))
-        for name in ("max_new_tokens", "seed", "batch_size"):
+        for name in ("max_new_tokens", "seed", "batch_size", "draft_vocab"):
             put(name, int(getattr(self, name)))
         if self.k is not None:
             put("k", int(self.k))
@@ -120,6 +121,7 @@ class RunSpec:
                    topk_q=m.tree.get("topk_q", "onehot") if m.name in TREE and cfg.temperature > 0 else "onehot",
                    settings=dict(m.rule_kwargs) if m.speculative else {},
                    p_min=m.p_min if m.name == "sd" else 0.0, draft_quant=None if quant in (None, "none") else quant,
+                   draft_vocab=int(cfg.model.get("draft_vocab", 0) or 0) if quant is not None else 0,
                    batch_size=int(cfg.get("batch_size", 1) or 1), system_prompt=cfg.protocol.system_prompt,
                    budget=cfg.protocol.budget, enable_thinking=cfg.model.enable_thinking, task_prompts=task_prompts,
                    options=dict(getattr(m, "options", None) or {}))
@@ -194,6 +196,8 @@ class RunSpec:
             parts.append(f"pmin{_fmt(self.p_min)}")
         if self.draft_quant:
             parts.append(f"draft{self.draft_quant}")
+        if self.draft_vocab:
+            parts.append(f"dvocab{self.draft_vocab}")
         if self.batch_size > 1:
             parts.append(f"b{self.batch_size}")
         parts += self._protocol_parts()

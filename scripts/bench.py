@@ -4,8 +4,8 @@ Our rows (ar, sd, mars theta 0.9 and 1, adaptive-length sd, sd_tree, prompt look
 `mars-bench +compare=bench task=gsm8k|humaneval` (conf/compare/bench.yaml), interleaved sample by sample,
 records and summary.json (speedup vs ar, its CI) under --runs (cleared first), read with `load_frames`.
 Decoded here, interleaved prompt by prompt with our ar (fp32 plain and panel paths) on the same prompts so
-each ratio is to an ar measured beside it: transformers `generate` and assisted generation (int8 draft as
-`assistant_model`) on the fp32 target, llama.cpp on the same Q4_K_M GGUF files, ar and speculative
+each ratio is to an ar measured beside it: transformers `generate` and assisted generation (the default's
+quantized draft as `assistant_model`) on the fp32 target, llama.cpp on the same Q4_K_M GGUF files, ar and speculative
 (optional extra `llamacpp`). Also: forward cost of n tokens (target per path, and the draft), the share
 of wall time outside forwards, and the peak RSS of each configuration in a fresh process that loads it as
 `make run` does and decodes one prompt with ar, sd and mars. Writes results/bench/bench.{md,csv,json}.

@@ -149,8 +149,7 @@ class BatchCacheMixin:
         self.n_forwards += 1
         self._fed = (width, count.tolist())
         self.bvalid = torch.cat([self.bvalid, new_ok], 1)
-        if self.out_vocab != self.vocab:
-            z = _map_vocab(z, self.out_vocab)
+        z = self._widen_logits(z)
         zs = [z[b, : len(t)] for b, t in enumerate(tokens)]
         if not hidden_states:
             return zs
@@ -226,9 +225,11 @@ class CausalLMAdapter(BatchCacheMixin):
     ``out_vocab``: width of the returned logits. A draft whose embedding matrix is padded to a
     different size than the target's is mapped onto the target's vocabulary: extra columns dropped,
     missing ones filled with -inf (the tokenizers were checked equal over the shared ids).
+    ``vocab_ids``: a draft whose LM head scores only these ids (``model.draft_vocab``, ascending; the
+    head's row i is id ``vocab_ids[i]``): its logits are scattered into ``out_vocab`` columns, the others -inf.
     """
 
-    def __init__(self, model, out_vocab: int | None = None, name: str = ""):
+    def __init__(self, model, out_vocab: int | None = None, name: str = "", vocab_ids: torch.Tensor | None = None):
         from transformers import DynamicCache
 
         self.model = model.eval()
@@ -236,6 +237,9 @@ class CausalLMAdapter(BatchCacheMixin):
         self.device = next(model.parameters()).device
         self.vocab = model.get_output_embeddings().out_features
         self.out_vocab = out_vocab or self.vocab
+        self.vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long, device=self.device)
+        if self.vocab_ids is not None and len(self.vocab_ids) != self.vocab:
+            raise ValueError(f"vocab_ids has {len(self.vocab_ids)} ids for an LM head of {self.vocab} rows")
         self._cache_cls = DynamicCache
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -286,6 +290,12 @@ class CausalLMAdapter(BatchCacheMixin):
             self.rows = n_tokens
 
     # -- scoring -----------------------------------------------------------------------------
+    def _widen_logits(self, z: torch.Tensor) -> torch.Tensor:
+        """Raw logits of this model's LM head -> [..., out_vocab] over the target's ids."""
+        if self.vocab_ids is not None:
+            return _scatter_vocab(z, self.vocab_ids, self.out_vocab)
+        return _map_vocab(z, self.out_vocab) if self.out_vocab != self.vocab else z
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -317,8 +327,8 @@ class CausalLMAdapter(BatchCacheMixin):
         self._sync()
         self.forward_s += time.perf_counter() - t0
         self.n_forwards += 1
-        if z is not None and self.out_vocab != self.vocab:
-            z = _map_vocab(z, self.out_vocab)
+        if z is not None:
+            z = self._widen_logits(z)
         return (z, out.hidden_states) if hidden_states else z
 
 
@@ -330,6 +340,12 @@ def _ancestors(parents: list[int], device) -> torch.Tensor:
         if p >= 0:
             anc[i] |= anc[p]
     return anc.to(device)
+
+
+def _scatter_vocab(z: torch.Tensor, ids: torch.Tensor, width: int) -> torch.Tensor:
+    out = torch.full((*z.shape[:-1], width), float("-inf"), device=z.device)
+    out[..., ids] = z
+    return out
 
 
 def _map_vocab(z: torch.Tensor, width: int) -> torch.Tensor:

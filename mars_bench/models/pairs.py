@@ -25,6 +25,7 @@ class Pair:
     target_path: str = ""
     draft_path: str = ""
     chat_kwargs: dict = field(default_factory=dict)   # extra apply_chat_template arguments (chat_template_kwargs)
+    draft_quant: str | None = None   # the draft quantization that runs (config.DRAFT_QUANT_SCHEME), once loaded
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """The token ids of a chat, ending with the assistant's generation prompt."""
@@ -113,23 +114,81 @@ def load_pair(mcfg, need_draft: bool = True) -> Pair:
         target = _prepare(target if mcfg.device_map else target.to(device), mcfg, device)
         pair = _LOADED[key] = Pair(CausalLMAdapter(target, name=t_path), None, tok, t_path, d_path or "", chat)
     if need_draft and pair.draft is None and pair.draft_path:   # e.g. an ar job ran first
-        if mcfg.source == "tiny":
-            from .tiny import tiny_pair
-
-            draft = tiny_pair(seed=mcfg.seed, noise=mcfg.noise, dtype=dtype)[1]
-        else:
-            from transformers import AutoModelForCausalLM
-
-            log.info("loading draft %s", pair.draft_path)
-            draft = AutoModelForCausalLM.from_pretrained(pair.draft_path, dtype=dtype)
-        draft = draft.to(device)
-        if mcfg.draft_quant == "int8":
-            from .fastpath import quantize_int8
-
-            draft = quantize_int8(draft)   # a cheaper proposer; the target decides, so sd stays lossless
-        pair.draft = CausalLMAdapter(_prepare(draft, mcfg, device), out_vocab=pair.target.vocab,
-                                     name=pair.draft_path)
+        pair.draft, pair.draft_quant = load_draft(mcfg, pair)
     return pair
+
+
+def load_draft(mcfg, pair: Pair) -> tuple[CausalLMAdapter, str]:
+    """The draft of ``mcfg`` over ``pair``'s target and tokenizer (``model.draft_vocab``, then
+    ``model.draft_quant``, then the fast path), and the quantization scheme that runs. A benchmark calls it
+    with several draft settings beside one loaded target."""
+    device, dtype = resolve_device(mcfg.device), resolve_dtype(mcfg.dtype)
+    if mcfg.source == "tiny":
+        from .tiny import tiny_pair
+
+        draft = tiny_pair(seed=mcfg.seed, noise=mcfg.noise, dtype=dtype)[1]
+    else:
+        from transformers import AutoModelForCausalLM
+
+        log.info("loading draft %s", pair.draft_path)
+        draft = AutoModelForCausalLM.from_pretrained(pair.draft_path, dtype=dtype)
+    draft = draft.to(device)
+    keep = None
+    if mcfg.get("draft_vocab"):
+        keep = draft_vocab_ids(pair.tokenizer, mcfg.draft_vocab, pair.target.vocab)
+        trim_head(draft, keep)
+    scheme = _quantize_draft(mcfg.draft_quant)
+    if scheme == "int8":
+        from .fastpath import quantize_int8
+
+        draft = quantize_int8(draft)   # a cheaper proposer; the target decides, so sd stays lossless
+    elif scheme in ("q4", "q8"):
+        from .quant import quantize_model
+
+        draft = quantize_model(draft, scheme)
+    from ..config import DRAFT_QUANT_SCHEME
+
+    adapter = CausalLMAdapter(_prepare(draft, mcfg, device), out_vocab=pair.target.vocab, name=pair.draft_path,
+                              vocab_ids=keep)
+    return adapter, DRAFT_QUANT_SCHEME[scheme]
+
+
+def _quantize_draft(scheme: str) -> str:
+    """The draft quantization that will run: q4 / q8 fall back to int8 (one logged line) without their kernel."""
+    if scheme in ("q4", "q8"):
+        from . import quant
+
+        if not quant.available():
+            log.warning("model.draft_quant=%s unavailable (%s): the draft runs int8 (fbgemm)", scheme,
+                        quant.unavailable())
+            return "int8"
+    return scheme
+
+
+def draft_vocab_ids(tokenizer, size: int, width: int) -> torch.Tensor:
+    """The ids a trimmed draft head scores: the first ``size`` ids (byte-level BPE numbers its tokens in merge
+    order, so the lowest ids are the most frequent pieces of the tokenizer's training text) and every special
+    or added token (EOS among them), ascending, all below ``width`` (the target's vocabulary)."""
+    if size >= width:
+        from ..config import ConfigError
+
+        raise ConfigError(f"model.draft_vocab={size}; allowed: 0 or 256 .. {width - 1} (the target has {width} ids)")
+    special = set(getattr(tokenizer, "all_special_ids", []) or []) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    ids = sorted(set(range(size)) | {i for i in special if i < width})
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def trim_head(model, ids: torch.Tensor) -> None:
+    """Replace ``model``'s LM head by one holding only the rows ``ids`` (a copy: a tied embedding is untouched)."""
+    head = model.get_output_embeddings()
+    new = torch.nn.Linear(head.in_features, len(ids), bias=head.bias is not None, dtype=head.weight.dtype,
+                          device=head.weight.device)
+    with torch.no_grad():
+        new.weight.copy_(head.weight[ids])
+        if head.bias is not None:
+            new.bias.copy_(head.bias[ids])
+    new.requires_grad_(False)
+    model.set_output_embeddings(new)
 
 
 def _prepare(model, mcfg, device: torch.device):

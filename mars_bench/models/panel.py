@@ -50,20 +50,21 @@ def _kernel_dir() -> Path:
     return default_cache_dir() / "kernels"
 
 
-def build(out_dir: Path | None = None) -> Path:
-    """Compile ``panel_gemm.c`` for this CPU (once; reused while source, compiler and CPU are unchanged)."""
+def build(out_dir: Path | None = None, src: Path = SRC) -> Path:
+    """Compile ``src`` (default ``panel_gemm.c``) for this CPU (once; reused while source, compiler and CPU
+    are unchanged)."""
     model, flags = cpu()
     if platform.machine().lower() not in ("x86_64", "amd64") or "avx512f" not in flags:
         raise RuntimeError(f"CPU {model or platform.machine()!r} lacks AVX-512F")
     cc = os.environ.get("CC", "cc")
-    key = hashlib.sha256(SRC.read_bytes() + f"|{cc}|{model}|{' '.join(sorted(flags))}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(src.read_bytes() + f"|{cc}|{model}|{' '.join(sorted(flags))}".encode()).hexdigest()[:16]
     out_dir = Path(out_dir) if out_dir is not None else _kernel_dir()
-    so = out_dir / f"panel_gemm-{key}.so"
+    so = out_dir / f"{src.stem}-{key}.so"
     if so.exists():
         return so
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{so.name}.tmp-{os.getpid()}"
-    cmd = [cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(SRC), "-o", str(tmp)]
+    cmd = [cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(tmp)]
     try:
         subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
         os.replace(tmp, so)       # a killed build leaves only a dot-temp file, never a half-written .so
@@ -71,7 +72,7 @@ def build(out_dir: Path | None = None) -> Path:
         raise RuntimeError(f"no C compiler {cc!r} (set $CC)") from None
     except subprocess.CalledProcessError as e:
         last = (e.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"{cc} failed on {SRC.name}: {last}") from None
+        raise RuntimeError(f"{cc} failed on {src.name}: {last}") from None
     finally:
         tmp.unlink(missing_ok=True)
     return so

@@ -1,0 +1,146 @@
+"""Group-quantized draft kernels (mars_bench/models/quant.py): the kernel equals its float64 reference, a row's
+result never depends on the other rows of a call, and a q4 / q8 / trimmed-vocabulary draft keeps greedy sd
+token-identical to Hugging Face greedy decoding (the target decides)."""
+import logging
+
+import pytest
+import torch
+
+from mars_bench import config as C
+from mars_bench.decode import DecodeConfig, Method, generate
+from mars_bench.models import quant
+from mars_bench.models.adapter import CausalLMAdapter
+from mars_bench.models.pairs import draft_vocab_ids, trim_head
+from mars_bench.models.tiny import tiny_pair, tiny_tokenizer
+
+from .conftest import EOS, MAX_NEW
+
+needs_vnni = pytest.mark.skipif(not quant.available(), reason=f"no quant kernel here: {quant.unavailable()}")
+
+
+@needs_vnni
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("out_f,in_f,bias", [(200, 96, True), (64, 256, False), (1000, 32, True)])
+def test_kernel_equals_its_float64_reference(bits, out_f, in_f, bias):
+    torch.manual_seed(bits + out_f)
+    lin = torch.nn.Linear(in_f, out_f, bias=bias)
+    ql = quant.QuantLinear(lin, bits)
+    pad = ql.n_pad - out_f
+    w = torch.cat([lin.weight, lin.weight.new_zeros(pad, in_f)])
+    codes, scales = quant.quantize(w, bits)
+    b = None if not bias else torch.cat([lin.bias, lin.bias.new_zeros(pad)])
+    for m in (1, 2, 3, 4, 5, 9):                      # whole chunks of 4 rows and ragged tails
+        x = torch.randn(m, in_f)
+        with torch.no_grad():
+            y = ql(x)
+            ref = quant.reference(x, codes, scales, bits, b)[:, :out_f]
+        assert y.shape == (m, out_f)
+        assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max() + 1e-6
+        rel = (y - lin(x)).norm() / lin(x).norm()   # quantized: close to the float layer, not equal
+        assert 1e-5 < rel < (0.15 if bits == 4 else 0.01), rel
+
+
+@needs_vnni
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rows_do_not_depend_on_the_other_rows_of_the_call(bits):
+    torch.manual_seed(2)
+    ql = quant.QuantLinear(torch.nn.Linear(192, 700), bits)
+    x = torch.randn(9, 192)
+    x[1] *= 40.0
+    x[2] = x[2].abs() * 1e-3
+    x[3] = 0.0                                          # an all-zero row (scale 0)
+    with torch.no_grad():
+        alone = torch.cat([ql(x[i:i + 1]) for i in range(9)])
+        assert torch.equal(ql(x), alone)
+        assert torch.equal(ql(x[[4, 1, 4]])[0], alone[4])
+        assert torch.equal(ql(x.view(3, 3, 192)).view(9, 700), alone)
+        torch.set_num_threads(1)
+        try:
+            assert torch.equal(ql(x), alone)            # nor on the thread count
+        finally:
+            torch.set_num_threads(C_THREADS)
+
+
+C_THREADS = torch.get_num_threads()
+
+
+def test_codes_span_their_range_and_scales_reproduce_the_weight():
+    torch.manual_seed(3)
+    w = torch.randn(64, 128)
+    for bits, lo, hi, tol in ((4, 0, 15, 0.12), (8, 1, 255, 0.01)):
+        codes, scales = quant.quantize(w, bits)
+        assert codes.dtype == torch.uint8 and scales.dtype == torch.float16 and scales.shape == (64, 4)
+        assert int(codes.min()) >= lo and int(codes.max()) <= hi
+        off = 8 if bits == 4 else 128
+        back = ((codes.float() - off).view(64, 4, 32) * scales.float().unsqueeze(-1)).view(64, 128)
+        assert (back - w).norm() / w.norm() < tol
+
+
+@needs_vnni
+@pytest.mark.parametrize("scheme,vocab", [("q4", 0), ("q8", 0), ("q4", 128), (None, 128)])
+def test_quantized_or_trimmed_draft_keeps_greedy_sd_lossless(scheme, vocab, prompt_ids, hf_reference):
+    target, draft, tok = tiny_pair()
+    t = CausalLMAdapter(target)
+    keep = None
+    if vocab:
+        keep = draft_vocab_ids(tok, vocab, t.vocab)
+        assert keep[:vocab].tolist() == list(range(vocab)) and EOS in keep.tolist()
+        trim_head(draft, keep)
+    if scheme:
+        quant.quantize_model(draft, scheme)
+        assert not any(type(m) is torch.nn.Linear for m in draft.modules())
+    d = CausalLMAdapter(draft, out_vocab=t.vocab, vocab_ids=keep)
+    z = d.forward(prompt_ids[0])
+    assert z.shape[-1] == t.vocab
+    if keep is not None:
+        dropped = sorted(set(range(t.vocab)) - set(keep.tolist()))
+        assert dropped and torch.isinf(z[:, dropped]).all() and torch.isfinite(z[:, keep]).all()
+    cfg = DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,))
+    for k in (2, 5):
+        for ids, ref in zip(prompt_ids, hf_reference):
+            assert generate(t, d, tok, ids, Method("sd", k=k), cfg).tokens == ref
+            assert generate(t, d, tok, ids, Method("mars", k=k, rule="mars", rule_kwargs={"theta": 1.0}),
+                            cfg).tokens == ref
+
+
+def _cfg(**model):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.structured(C.Config)
+    cfg.method.name = "sd"
+    for key, value in model.items():
+        cfg.model[key] = value
+    return cfg
+
+
+def test_config_names_the_scheme_and_trimmed_vocabulary_in_the_run_tag():
+    from mars_bench.tags import RunTag
+
+    cfg = _cfg(draft_quant="q4", draft_vocab=32768)
+    C.validate(cfg)
+    tag = RunTag.from_config(cfg, 16).format()
+    want = "q4g32" if quant.available() else "int8row"
+    assert f"-draft{want}-dvocab32768-" in tag
+    assert "dvocab" not in RunTag.from_config(_cfg(draft_quant="q4"), 16).format()
+    for bad in (100, -1, 255):
+        with pytest.raises(C.ConfigError, match=r"^model.draft_vocab=.*; allowed: 0 \(the full vocabulary\) or an "
+                                                r"integer >= 256$"):
+            C.validate(_cfg(draft_vocab=bad))
+    with pytest.raises(C.ConfigError, match="allowed: 0 or 256 .. 258"):
+        draft_vocab_ids(tiny_tokenizer(), 259, 259)
+
+
+def test_without_vnni_q4_falls_back_to_int8_in_one_line_and_says_so(monkeypatch, caplog):
+    from mars_bench.models import pairs
+    from mars_bench.tags import RunTag
+
+    monkeypatch.setattr(quant, "_state", {"why": "CPU 'test' lacks avx512_vnni"})
+    assert not quant.available()
+    cfg = _cfg(draft_quant="q4")
+    assert C.draft_quant_of(cfg) == "int8row" and "-draftint8row-" in RunTag.from_config(cfg, 16).format()
+    with caplog.at_level(logging.WARNING):
+        assert pairs._quantize_draft("q4") == "int8"
+    assert [r.getMessage() for r in caplog.records] == [
+        "model.draft_quant=q4 unavailable (CPU 'test' lacks avx512_vnni): the draft runs int8 (fbgemm)"]
+    with pytest.raises(RuntimeError, match="quantized draft kernel unavailable: CPU 'test' lacks avx512_vnni"):
+        quant.QuantLinear(torch.nn.Linear(32, 32), 4)
