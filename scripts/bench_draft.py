@@ -139,7 +139,7 @@ def runner_rows(runs: Path, draft: str, tasks, interleave: str, extra=(), thread
         B.run_compare("bench_draft", task, out, [*overrides(draft), interleave, "progress=false", *extra], threads)
     rows = B.our_rows(out)
     rows["draft"] = draft
-    rows["k"] = [int(x.split("k=")[1].split()[0]) if "k=" in x else None for x in rows["row"]]
+    rows["k"] = pd.array([int(x.split("k=")[1].split()[0]) if "k=" in x else None for x in rows["row"]], dtype="Int64")
     rows["method"] = [x.split()[0] for x in rows["row"]]
     return rows
 
@@ -237,8 +237,9 @@ def check_goals(target: dict, facts: dict, budget: pd.DataFrame, llama: dict | N
                 continue
             r = row.iloc[0]
             b = bound(r["tau"], r["k"], target, facts[d]["ms"])
-            why = (f"tau {r['tau']:.2f} at k={r['k']}: {b:.2f}x if only forwards cost time; outside forwards "
-                   f"{r['outside_forward_share'] * 100:.0f}% of wall" if b else "")
+            why = (f"tau {r['tau']:.2f} at k={int(r['k'])}: the cost table predicts {b:.2f}x (tau x target(1) / "
+                   f"(verify(k + 1) + k drafts)); outside forwards {r['outside_forward_share'] * 100:.0f}% of wall"
+                   if b else "")
             out.append((f"GSM8K {method} ({d} draft) >= {GOALS[method]}x ar [CI {r['vs_ar_lo']:.2f}, {r['vs_ar_hi']:.2f}],"
                         f" n={r['n']}", r["vs_ar"], r["vs_ar"] >= GOALS[method], why))
     for _, r in budget[(budget["method"] != "ar") & ((budget["method"] == "sd") | (budget["theta"] == 1.0))].iterrows():
@@ -277,10 +278,11 @@ def write(out: Path, meta: dict, target: dict, facts: dict, sweep, chosen, budge
                  for d, x in facts.items() if d != "target"],
                 ["draft", "scheme", "ms", "/ target(1)", "weights MB", "in linears ms", "GB/s", "outside linears ms"])]
     if sweep is not None:
-        lines += ["", f"k sweep ({meta['sweep']}), tokens/s (tau); chosen k in bold:", "",
+        lines += ["", f"k sweep ({meta['sweep']}); the k with the most tokens/s per draft and method (mean over "
+                  "the tasks) is kept:", "",
                   md([[r["task"], r["draft"], r["row"], f"{r['tokens_per_s']:.2f}", f(r["tau"]), f(r["vs_ar"])]
                       for _, r in sweep.iterrows()], ["task", "draft", "method", "tokens/s", "tau", "vs ar"]),
-                  "", md([[r["draft"], r["method"], r["k"], f"{r['tokens_per_s']:.2f}"] for _, r in chosen.iterrows()],
+                  "", md([[r["draft"], r["method"], int(r["k"]), f"{r['tokens_per_s']:.2f}"] for _, r in chosen.iterrows()],
                          ["draft", "method", "chosen k", "mean tokens/s"])]
     if budget is not None:
         lines += ["", f"At the task budgets ({meta['budget']}):", "", rows_md(budget)]
@@ -304,6 +306,22 @@ def write(out: Path, meta: dict, target: dict, facts: dict, sweep, chosen, budge
     return text
 
 
+def render(path: Path, out: Path) -> str:
+    """draft.md again from a saved draft.json (no decoding): the tables and goals of that run."""
+    data = json.loads(Path(path).read_text())
+    df = lambda rows: None if rows is None else pd.DataFrame(rows)  # noqa: E731
+    target = {int(n): v for n, v in data["target_ms"].items()}
+    facts = data["drafts"]
+    facts["target"]["outside_ms"] = {int(n): v for n, v in facts["target"].get("outside_ms", {}).items()}
+    budget, chosen, sweep, lookup = (df(data[k]) for k in ("budget", "chosen_k", "sweep", "lookup"))
+    for frame in (budget, sweep, lookup, chosen):
+        if frame is not None and "k" in frame:
+            frame["k"] = frame["k"].astype("Int64")
+    goals = check_goals(target, facts, budget if budget is not None else pd.DataFrame(columns=["task", "draft"]),
+                        data["vs_llama"], facts["target"]["kernel"])
+    return write(out, data["meta"], target, facts, sweep, chosen, budget, data["vs_llama"], lookup, goals)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafts", default="int8,q8,q4,q4+v32768", help="draft settings: int8 | q8 | q4 | none, +v<N>")
@@ -323,7 +341,11 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "results" / "bench"))
     ap.add_argument("--runs", default=str(ROOT / "results" / "bench_runs" / "draft"))
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--render", default=None, help="only rewrite draft.md (into --out) from this saved draft.json")
     args = ap.parse_args()
+    if args.render:
+        print(render(Path(args.render), Path(args.out)))
+        return
     torch.set_num_threads(args.threads)
     data_dir = os.environ.get("MARS_BENCH_DATA_DIR")
     drafts = args.drafts.split(",")
@@ -335,7 +357,8 @@ def main():
     sweep = chosen = None
     ks = [int(k) for k in args.ks.split(",")]
     if args.sweep_limit:
-        meta["sweep"] = f"{args.sweep_limit} prompts per task of {', '.join(BUDGET_TASKS)}, {args.sweep_tokens} new tokens"
+        meta["sweep"] = (f"{args.sweep_limit} prompt{'s' if args.sweep_limit > 1 else ''} per task of "
+                         f"{', '.join(BUDGET_TASKS)}, {args.sweep_tokens} new tokens")
         sweep = pd.concat([runner_rows(runs / "sweep", d, BUDGET_TASKS, entries(ks, ks), [
             f"limit={args.sweep_limit}", f"max_new_tokens={args.sweep_tokens}"], args.threads) for d in drafts],
             ignore_index=True)
@@ -367,7 +390,8 @@ def main():
                          args.max_new_tokens or 512, data_dir, args.threads)
     lookup = None
     if args.lookup_limit:
-        meta["lookup"] = f"{args.lookup_limit} prompts per task, {args.lookup_tokens} new tokens, sd with the {fastest} draft"
+        meta["lookup"] = (f"{args.lookup_limit} prompt{'s' if args.lookup_limit > 1 else ''} per task, "
+                          f"{args.lookup_tokens} new tokens, sd with the {fastest} draft")
         lookup = runner_rows(runs / "lookup", fastest, LOOKUP_TASKS,
                              entries([k_of(fastest, "sd")], [], [["method=lookup"]]),
                              [f"limit={args.lookup_limit}", f"max_new_tokens={args.lookup_tokens}"], args.threads)
