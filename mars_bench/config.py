@@ -213,7 +213,7 @@ def validate(cfg: Any) -> None:
     _one_of("model.fast_path", cfg.model.fast_path, ("auto", "on", "mkl", "off"))
     _one_of("model.draft_quant", cfg.model.draft_quant, DRAFT_QUANT)
     dv = cfg.model.get("draft_vocab", 0)
-    if isinstance(dv, bool) or not isinstance(dv, int) or 0 < dv < 256 or dv < 0:
+    if isinstance(dv, bool) or not isinstance(dv, int) or (dv != 0 and dv < 256):
         raise ConfigError(f"model.draft_vocab={dv!r}; allowed: 0 (the full vocabulary) or an integer >= 256")
     if cfg.model.draft_quant != "none" and cfg.model.device == "cuda":
         raise ConfigError(f"model.draft_quant={cfg.model.draft_quant!r} runs on CPU only; allowed with "
@@ -292,12 +292,9 @@ def draft_quant_of(cfg: Any) -> Optional[str]:
     q4 / q8 where their kernel cannot run (no AVX512-VNNI, no compiler) run int8, and say so here."""
     if method_of(cfg).name not in DRAFT_MODEL:
         return None
-    scheme = cfg.model.draft_quant
-    if scheme in ("q4", "q8"):
-        from .models import quant
+    from .models.quant import runs_as
 
-        scheme = scheme if quant.available() else "int8"
-    return DRAFT_QUANT_SCHEME[scheme]
+    return DRAFT_QUANT_SCHEME[runs_as(cfg.model.draft_quant)]
 
 
 def tree_knobs(m: Any) -> dict:

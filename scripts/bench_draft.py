@@ -36,7 +36,7 @@ import bench as B  # noqa: E402
 
 from mars_bench import stats as S  # noqa: E402
 from mars_bench.decode import DecodeConfig, Method, generate  # noqa: E402
-from mars_bench.models import fastpath, llamacpp, quant  # noqa: E402
+from mars_bench.models import fastpath, llamacpp, panel, quant  # noqa: E402
 from mars_bench.models.pairs import eos_ids, load_draft  # noqa: E402
 from mars_bench.records import SPEEDUP_DEFINITION, TAU_DEFINITION, machine, machine_label  # noqa: E402
 
@@ -62,7 +62,7 @@ def model_cfg(draft: str):
 
 
 # ---- 1. costs ---------------------------------------------------------------------------------------------
-LINEARS = (quant.QuantLinear, fastpath.Int8Linear, fastpath.PackedLinear, torch.nn.Linear)
+LINEARS = (quant.QuantLinear, fastpath.Int8Linear, fastpath.PackedLinear, panel.PanelLinear, torch.nn.Linear)
 
 
 def weight_bytes(model) -> int:
@@ -72,7 +72,7 @@ def weight_bytes(model) -> int:
             out += m.panels.numel()
         elif isinstance(m, fastpath.Int8Linear):
             out += m.in_features * m.out_features
-        elif isinstance(m, LINEARS) or type(m).__name__ == "PanelLinear":
+        elif isinstance(m, LINEARS):
             out += m.in_features * m.out_features * (2 if getattr(m, "bf16", False) else 4)
     return out
 
@@ -81,7 +81,7 @@ def linear_share(adapter, n: int = 1, ctx: int = 200, reps: int = 10) -> tuple[f
     """(ms per forward of n new tokens, ms of it inside linear layers), medians over ``reps``, hooks on every
     linear layer."""
     spent = [0.0]
-    mods = [m for m in adapter.model.modules() if isinstance(m, LINEARS) or type(m).__name__ == "PanelLinear"]
+    mods = [m for m in adapter.model.modules() if isinstance(m, LINEARS)]
     start = {}
     hooks = [m.register_forward_pre_hook(lambda mod, _: start.__setitem__(id(mod), time.perf_counter())) for m in mods]
     hooks += [m.register_forward_hook(lambda mod, _i, _o: spent.__setitem__(0, spent[0] + time.perf_counter()

@@ -25,7 +25,6 @@ class Pair:
     target_path: str = ""
     draft_path: str = ""
     chat_kwargs: dict = field(default_factory=dict)   # extra apply_chat_template arguments (chat_template_kwargs)
-    draft_quant: str | None = None   # the draft quantization that runs (config.DRAFT_QUANT_SCHEME), once loaded
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """The token ids of a chat, ending with the assistant's generation prompt."""
@@ -114,7 +113,7 @@ def load_pair(mcfg, need_draft: bool = True) -> Pair:
         target = _prepare(target if mcfg.device_map else target.to(device), mcfg, device)
         pair = _LOADED[key] = Pair(CausalLMAdapter(target, name=t_path), None, tok, t_path, d_path or "", chat)
     if need_draft and pair.draft is None and pair.draft_path:   # e.g. an ar job ran first
-        pair.draft, pair.draft_quant = load_draft(mcfg, pair)
+        pair.draft = load_draft(mcfg, pair)[0]
     return pair
 
 
@@ -154,15 +153,13 @@ def load_draft(mcfg, pair: Pair) -> tuple[CausalLMAdapter, str]:
 
 
 def _quantize_draft(scheme: str) -> str:
-    """The draft quantization that will run: q4 / q8 fall back to int8 (one logged line) without their kernel."""
-    if scheme in ("q4", "q8"):
-        from . import quant
+    """The draft quantization that will run (``quant.runs_as``), with one logged line where it falls back."""
+    from . import quant
 
-        if not quant.available():
-            log.warning("model.draft_quant=%s unavailable (%s): the draft runs int8 (fbgemm)", scheme,
-                        quant.unavailable())
-            return "int8"
-    return scheme
+    runs = quant.runs_as(scheme)
+    if runs != scheme:
+        log.warning("model.draft_quant=%s unavailable (%s): the draft runs %s (fbgemm)", scheme, quant.unavailable(), runs)
+    return runs
 
 
 def draft_vocab_ids(tokenizer, size: int, width: int) -> torch.Tensor:

@@ -60,6 +60,11 @@ def available() -> bool:
     return library() is not None
 
 
+def runs_as(scheme: str) -> str:
+    """The draft quantization that runs for ``model.draft_quant=scheme``: q4 / q8 without their kernel run int8."""
+    return "int8" if scheme in BITS and not available() else scheme
+
+
 def unavailable() -> str | None:
     library()
     return _state.get("why")
