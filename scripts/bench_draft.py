@@ -104,22 +104,45 @@ def linear_share(adapter, n: int = 1, ctx: int = 200, reps: int = 10) -> tuple[f
     return sorted(walls)[reps // 2] * 1e3, sorted(lins)[reps // 2] * 1e3
 
 
+def stream_rate(gib: float = 1.0, reps: int = 3) -> float:
+    """GB/s this machine streams from DRAM into a sum over all threads (best of ``reps``): the weight-streaming
+    bound a forward's rate is read against."""
+    x = torch.ones(int(gib * 2**30) // 8, dtype=torch.int64)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 8 / best / 1e9
+
+
 def costs(drafts: list[str], reps: int, rounds: int) -> tuple[dict, dict]:
-    """({path: {n: ms}}, {draft: facts}): target n = 1, 5, 8 and each draft at n = 1, alternating."""
+    """({path: {n: ms}}, {draft: facts}): target n = 1, 5, 8 and each draft at n = 1, alternating. A draft with
+    fused forwards (models/fused.py) is measured as it runs and, as "<draft> (modules)", through transformers'
+    modules with linear-layer hooks (the split inside / outside the linear layers)."""
     pair, _ = B.load("bf16")
     adapters, facts = {}, {}
     for d in drafts:
         adapter, scheme = load_draft(model_cfg(d), pair)
         adapters[d] = adapter
-        facts[d] = {"scheme": scheme, "weight_bytes": weight_bytes(adapter.model)}
+        facts[d] = {"scheme": scheme, "weight_bytes": weight_bytes(adapter.model),
+                    "path": "fused" if adapter.fused is not None else "modules"}
+        if adapter.fused is not None:
+            plain = adapter.fork()
+            plain.fused = None
+            adapters[f"{d} (modules)"] = plain
+            facts[f"{d} (modules)"] = dict(facts[d], path="modules")
     target = B.forward_costs({"target": (pair.target, True)}, [1, 5, 8], reps=reps, rounds=rounds)
     drafted = B.forward_costs({d: (a, True) for d, a in adapters.items()}, [1], reps=reps, rounds=rounds)
     for d, a in adapters.items():
-        wall, lin = linear_share(a)
-        facts[d].update(ms=drafted[d][1], ratio=drafted[d][1] / target["target"][1], linear_ms=lin,
-                        outside_ms=wall - lin, gb_per_s=facts[d]["weight_bytes"] / lin / 1e6)
+        f = facts[d]
+        f.update(ms=drafted[d][1], ratio=drafted[d][1] / target["target"][1],
+                 gb_per_s=f["weight_bytes"] / drafted[d][1] / 1e6, linear_ms=None, outside_ms=None)
+        if f["path"] == "modules":
+            wall, lin = linear_share(a)
+            f.update(linear_ms=lin, outside_ms=wall - lin, linear_gb_per_s=f["weight_bytes"] / lin / 1e6)
     facts["target"] = {"weight_bytes": weight_bytes(pair.target.model), "kernel": fastpath.kind(pair.target.model),
-                       "outside_ms": {}}
+                       "outside_ms": {}, "stream_gb_per_s": stream_rate()}
     for n in (1, 5, 8):   # what grows with n: the linears (kernel) or the rest (row-wise attention, Python)
         wall, lin = linear_share(pair.target, n, reps=max(3, reps))
         facts["target"]["outside_ms"][n] = wall - lin
@@ -215,11 +238,19 @@ def bound(tau: float, k: int, target: dict, draft_ms: float) -> float | None:
 
 def check_goals(target: dict, facts: dict, budget: pd.DataFrame, llama: dict | None, kernel: str) -> list:
     out = []
+    stream = facts.get("target", {}).get("stream_gb_per_s")
     for d, f in facts.items():
-        if d == "target":
+        if d == "target" or d.endswith(" (modules)"):
             continue
-        why = (f"{f['ms']:.1f} ms = {f['linear_ms']:.1f} in linears ({f['weight_bytes'] / 1e6:.0f} MB at "
-               f"{f['gb_per_s']:.1f} GB/s) + {f['outside_ms']:.1f} outside them (norms, attention, Python)")
+        floor = f"; {f['weight_bytes'] / 1e6:.0f} MB at the machine's {stream:.1f} GB/s alone take " \
+                f"{f['weight_bytes'] / stream / 1e6:.1f} ms" if stream else ""
+        if f.get("path") == "fused":
+            why = (f"one C call per layer: {f['ms']:.1f} ms streams the weights at {f['gb_per_s']:.1f} GB/s over the "
+                   f"whole forward{floor}")
+        else:
+            why = (f"{f['ms']:.1f} ms = {f['linear_ms']:.1f} in linears ({f['weight_bytes'] / 1e6:.0f} MB at "
+                   f"{f.get('linear_gb_per_s', f['gb_per_s']):.1f} GB/s) + {f['outside_ms']:.1f} outside them "
+                   f"(norms, attention, Python){floor}")
         out.append((f"draft {d} forward(1) / target forward(1) <= {GOALS['draft_ratio']}", f["ratio"],
                     f["ratio"] <= GOALS["draft_ratio"], why))
     kind = "AVX512_BF16-only kind" if kernel == "panel-avx512-bf16" else f"{kernel}; the AVX512_BF16-only kind was not measured here"
@@ -273,10 +304,17 @@ def write(out: Path, meta: dict, target: dict, facts: dict, sweep, chosen, budge
                   f(facts["target"].get("outside_ms", {}).get(n), 1)] for n in (1, 5, 8)],
                 ["n", "ms", "ratio", "outside linears ms"]),
              "", "Draft forward of 1 token after 200 tokens of context (same run, alternating with the target):", "",
-             md([[d, x["scheme"], f"{x['ms']:.1f}", f"{x['ratio']:.3f}", f"{x['weight_bytes'] / 1e6:.0f}",
-                  f"{x['linear_ms']:.1f}", f"{x['gb_per_s']:.1f}", f"{x['outside_ms']:.1f}"]
+             md([[d, x["scheme"], x.get("path", "modules"), f"{x['ms']:.1f}", f"{x['ratio']:.3f}",
+                  f"{x['weight_bytes'] / 1e6:.0f}", f(x.get("gb_per_s"), 1), f(x.get("linear_ms"), 1),
+                  f(x.get("linear_gb_per_s", x.get("gb_per_s") if x.get("linear_ms") else None), 1),
+                  f(x.get("outside_ms"), 1)]
                  for d, x in facts.items() if d != "target"],
-                ["draft", "scheme", "ms", "/ target(1)", "weights MB", "in linears ms", "GB/s", "outside linears ms"])]
+                ["draft", "scheme", "path", "ms", "/ target(1)", "weights MB", "GB/s (whole forward)", "in linears ms",
+                 "GB/s (linears)", "outside linears ms"]),
+             "", "Path: fused = one C call per decoder layer (models/fused.py); modules = transformers' modules with "
+             "the quantized linear layers, timed inside / outside them with hooks."
+             + (f" The machine streams {facts['target']['stream_gb_per_s']:.1f} GB/s (a 1 GiB sum, all threads)."
+                if facts["target"].get("stream_gb_per_s") else "")]
     if sweep is not None:
         lines += ["", f"k sweep ({meta['sweep']}); the k with the most tokens/s per draft and method (mean over "
                   "the tasks) is kept:", "",

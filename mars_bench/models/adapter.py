@@ -26,6 +26,7 @@ import time
 import torch
 
 COMPACT_SLACK = 32       # batched cache: unused columns tolerated beyond the longest row before compacting
+FUSED_MAX = 32           # single-sequence forwards of at most this many tokens take the fused draft path (not prefill)
 PAD_ID = 0               # batched forwards: the id fed in padding slots (masked out, its logits unused)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
           "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -118,6 +119,8 @@ class BatchCacheMixin:
         # one row, a plain chain over a gap-free cache: the causal default, exactly the single-sequence forward
         trees_or_holes = any(t is not None for t in (trees or [])) or not bool(self.bvalid.all())
         count = torch.tensor([len(t) for t in tokens], device=self.device)
+        if self.fused is not None and width and not hidden_states and not any(t is not None for t in (trees or [])):
+            return self._fused_forward(tokens, width, lens, count)
         ids = torch.tensor([list(t) + [PAD_ID] * (n - len(t)) for t in tokens], dtype=torch.long, device=self.device)
         new_ok = torch.arange(n, device=self.device)[None] < count[:, None]                # [B, n]
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
@@ -154,6 +157,36 @@ class BatchCacheMixin:
         if not hidden_states:
             return zs
         return zs, [tuple(h[b:b + 1, : len(t)] for h in out.hidden_states) for b, t in enumerate(tokens)]
+
+    def _fused_forward(self, tokens: list[list[int]], width: int, lens: torch.Tensor, count: torch.Tensor):
+        """``batch_forward`` of chains through ``self.fused`` (models/fused.py): token i of row b at position
+        len_b + i and cache column width + i, attending to the row's valid columns and its new ones up to i."""
+        ids, rows, index, keys, off = [], [], [], [], [0]
+        for b, t in enumerate(tokens):
+            if not t:
+                continue
+            held = torch.arange(width) if bool(self.bvalid[b].all()) else self.bvalid[b].nonzero().squeeze(1).cpu()
+            for i, tok in enumerate(t):
+                ids.append(tok), rows.append(b), index.append(i)
+                keys.append(torch.cat([held, torch.arange(width, width + i + 1)]))
+                off.append(off[-1] + len(held) + i + 1)
+        rows_t, index_t = torch.tensor(rows, device=self.device), torch.tensor(index, device=self.device)
+        self._sync()
+        t0 = time.perf_counter()
+        z = self.fused.forward(self.bcache, torch.tensor(ids, device=self.device), lens[rows_t] + index_t, rows_t,
+                               width + index_t, torch.cat(keys), torch.tensor(off), width)
+        self._sync()
+        self.forward_s += time.perf_counter() - t0
+        self.n_forwards += 1
+        n = int(count.max())
+        self._fed = (width, count.tolist())
+        self.bvalid = torch.cat([self.bvalid, torch.arange(n, device=self.device)[None] < count[:, None]], 1)
+        z = self._widen_logits(z)
+        parts, at = [], 0
+        for t in tokens:
+            parts.append(z[at:at + len(t)])
+            at += len(t)
+        return parts
 
     @torch.inference_mode()
     def batch_keep(self, keep: list[list[int]]) -> None:
@@ -230,7 +263,7 @@ class CausalLMAdapter(BatchCacheMixin):
     """
 
     def __init__(self, model, out_vocab: int | None = None, name: str = "", vocab_ids: torch.Tensor | None = None):
-        from transformers import DynamicCache
+        from .kvcache import GrowingCache
 
         self.model = model.eval()
         self.name = name
@@ -240,11 +273,12 @@ class CausalLMAdapter(BatchCacheMixin):
         self.vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long, device=self.device)
         if self.vocab_ids is not None and len(self.vocab_ids) != self.vocab:
             raise ValueError(f"vocab_ids has {len(self.vocab_ids)} ids for an LM head of {self.vocab} rows")
-        self._cache_cls = DynamicCache
+        self._cache_cls = GrowingCache
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.cache = None
         self.bcache, self.bvalid = None, None   # batched cache and its [B, W] valid-column mask
+        self.fused = None         # a models.fused.FusedDraft: batched chain forwards in one C call per layer
         self.forward_s = 0.0      # accumulated wall seconds inside forward()
         self.n_forwards = 0
         self.rows = None          # tokens most forwards will score (a hint for the CPU fast path)
@@ -311,6 +345,19 @@ class CausalLMAdapter(BatchCacheMixin):
         boolean ``attention_mask`` over [cache + n] and ``position_ids`` [1, n].
         """
         ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(1, -1)
+        n, width = ids.shape[1], self.cache_len
+        if (self.fused is not None and logits and not hidden_states and attention_mask is None and position_ids is None
+                and width and 0 < n <= FUSED_MAX):
+            at = torch.arange(n, device=self.device)
+            keys = torch.cat([torch.arange(width + i + 1) for i in range(n)])
+            off = torch.tensor([0] + [width * (i + 1) + (i + 1) * (i + 2) // 2 for i in range(n)])
+            self._sync()
+            t0 = time.perf_counter()
+            z = self.fused.forward(self.cache, ids[0], width + at, torch.zeros_like(at), width + at, keys, off, width)
+            self._sync()
+            self.forward_s += time.perf_counter() - t0
+            self.n_forwards += 1
+            return self._widen_logits(z)
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
         if attention_mask is not None:
             kwargs["attention_mask"] = {"full_attention": attention_mask}

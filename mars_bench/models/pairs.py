@@ -149,6 +149,14 @@ def load_draft(mcfg, pair: Pair) -> tuple[CausalLMAdapter, str]:
 
     adapter = CausalLMAdapter(_prepare(draft, mcfg, device), out_vocab=pair.target.vocab, name=pair.draft_path,
                               vocab_ids=keep)
+    if scheme in ("q4", "q8"):
+        from . import fused
+
+        why = fused.supports(adapter.model)
+        if why is None:
+            adapter.fused = fused.FusedDraft(adapter.model)
+        else:
+            log.info("draft chain forwards through transformers' modules: %s", why)
     return adapter, DRAFT_QUANT_SCHEME[scheme]
 
 

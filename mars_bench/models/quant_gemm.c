@@ -135,7 +135,137 @@ int quant_linear(int bits, const float *x, long M, long K, const unsigned char *
     free(xq); free(dx); free(sx);
     return 0;
 }
+
+/* ---- One decoder layer of a quantized Qwen2 / Llama draft for a few new tokens (fused.py) -------------
+ * h[M, D] (residual stream, in / out):
+ *   t = rmsnorm(h) ln1;  q, k, v = t Wq + bq, t Wk + bk, t Wv + bv;  rotary(q, k) with cos / sin [M, hd]
+ *   (rotate-half form);  k, v written to the cache [B, Hkv, cap, hd] at (tok_row[m], tok_col[m]);
+ *   per token m and head j: softmax(scale q k^T) v over the cache columns keys[key_off[m] .. key_off[m+1]);
+ *   h += att Wo + bo;  t = rmsnorm(h) ln2;  h += (silu(t Wg) * (t Wu)) Wd.
+ * Every sum has a fixed order per token (16-lane partial sums, then _mm512_reduce_add_ps), and the linear
+ * layers are row-invariant: a token's result depends on its own inputs and keys only. */
+static inline __m512 exp512(__m512 x) {            /* Cephes expf: |rel err| < 2e-7 on [-87, 88] */
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+static void rms_norm(const float *x, const float *w, float *y, long D, float eps) {
+    __m512 acc = _mm512_setzero_ps();
+    for (long i = 0; i < D; i += 16) { __m512 v = _mm512_loadu_ps(x + i); acc = _mm512_fmadd_ps(v, v, acc); }
+    const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)D + eps));
+    for (long i = 0; i < D; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(w + i), _mm512_mul_ps(_mm512_loadu_ps(x + i), inv)));
+}
+
+static void rotary(float *x, int heads, int hd, const float *cos, const float *sin) {
+    const int half = hd / 2;
+    for (int j = 0; j < heads; j++) {
+        float *v = x + j * hd;
+        for (int i = 0; i < half; i++) {
+            const float a = v[i], b = v[i + half];
+            v[i] = a * cos[i] - b * sin[i];
+            v[i + half] = b * cos[i + half] + a * sin[i + half];
+        }
+    }
+}
+
+static void attend(const float *q, const float *kc, const float *vc, long cap, int hd, const int *keys, int n,
+                   float scale, float *s, float *out) {
+    float mx = -INFINITY;
+    for (int c = 0; c < n; c++) {
+        const float *kr = kc + (long)keys[c] * hd;
+        __m512 acc = _mm512_setzero_ps();
+        for (int i = 0; i < hd; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(kr + i), acc);
+        s[c] = _mm512_reduce_add_ps(acc) * scale;
+        mx = fmaxf(mx, s[c]);
+    }
+    __m512 sum = _mm512_setzero_ps();
+    for (int c = 0; c < n; c += 16) {
+        const __mmask16 m = n - c >= 16 ? 0xFFFF : (__mmask16)((1u << (n - c)) - 1);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + c), _mm512_set1_ps(mx)));
+        e = _mm512_maskz_mov_ps(m, e);
+        _mm512_mask_storeu_ps(s + c, m, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    const float inv = 1.0f / _mm512_reduce_add_ps(sum);
+    for (int i = 0; i < hd; i += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int c = 0; c < n; c++)
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(s[c]), _mm512_loadu_ps(vc + (long)keys[c] * hd + i), acc);
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
+    }
+}
+
+/* w / b: the seven linear layers q, k, v, o, gate, up, down (panels as quant_linear takes them; b may hold
+ * NULLs). Returns 0, -1 when scratch cannot be allocated, -2 for bad shapes. */
+int fused_layer(int bits, long M, long D, float *h, const float *ln1, const float *ln2, float eps,
+                const unsigned char *const *w, const float *const *b, long F, int H, int Hkv, int hd, float scale,
+                const float *cos, const float *sin, float *kbuf, float *vbuf, long cap, const int *tok_row,
+                const int *tok_col, const int *keys, const int *key_off, int threads) {
+    if (D % 32 || F % 32 || hd % 16 || H % Hkv || (H * hd) % 32 || (Hkv * hd) % 32) return -2;
+    const long Nq = (long)H * hd, Nk = (long)Hkv * hd, W = D > F ? D : F;
+    int most = 0;
+    for (long m = 0; m < M; m++) most = key_off[m + 1] - key_off[m] > most ? key_off[m + 1] - key_off[m] : most;
+    float *t = malloc(sizeof(float) * M * W), *q = malloc(sizeof(float) * M * Nq), *k = malloc(sizeof(float) * M * Nk),
+          *v = malloc(sizeof(float) * M * Nk), *att = malloc(sizeof(float) * M * Nq), *g = malloc(sizeof(float) * M * F),
+          *s = malloc(sizeof(float) * M * H * (most + 16));
+    int rc = 0;
+    if (!t || !q || !k || !v || !att || !g || !s) { rc = -1; goto done; }
+    for (long m = 0; m < M; m++) rms_norm(h + m * D, ln1, t + m * D, D, eps);
+    if ((rc = quant_linear(bits, t, M, D, w[0], Nq, b[0], q, threads))) goto done;
+    if ((rc = quant_linear(bits, t, M, D, w[1], Nk, b[1], k, threads))) goto done;
+    if ((rc = quant_linear(bits, t, M, D, w[2], Nk, b[2], v, threads))) goto done;
+    for (long m = 0; m < M; m++) {
+        rotary(q + m * Nq, H, hd, cos + m * hd, sin + m * hd);
+        rotary(k + m * Nk, Hkv, hd, cos + m * hd, sin + m * hd);
+        for (int j = 0; j < Hkv; j++) {
+            const long at = (((long)tok_row[m] * Hkv + j) * cap + tok_col[m]) * hd;
+            memcpy(kbuf + at, k + m * Nk + j * hd, sizeof(float) * hd);
+            memcpy(vbuf + at, v + m * Nk + j * hd, sizeof(float) * hd);
+        }
+    }
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (long mj = 0; mj < M * H; mj++) {
+        const long m = mj / H; const int j = (int)(mj % H), kv = j / (H / Hkv);
+        const long base = ((long)tok_row[m] * Hkv + kv) * cap * hd;
+        attend(q + m * Nq + j * hd, kbuf + base, vbuf + base, cap, hd, keys + key_off[m], key_off[m + 1] - key_off[m],
+               scale, s + mj * (most + 16), att + m * Nq + j * hd);
+    }
+    if ((rc = quant_linear(bits, att, M, Nq, w[3], D, b[3], t, threads))) goto done;
+    for (long i = 0; i < M * D; i++) h[i] += t[i];
+    for (long m = 0; m < M; m++) rms_norm(h + m * D, ln2, t + m * D, D, eps);
+    if ((rc = quant_linear(bits, t, M, D, w[4], F, b[4], g, threads))) goto done;
+    {
+        float *u = malloc(sizeof(float) * M * F);
+        if (!u) { rc = -1; goto done; }
+        if ((rc = quant_linear(bits, t, M, D, w[5], F, b[5], u, threads))) { free(u); goto done; }
+        for (long i = 0; i < M * F; i += 16) {
+            __m512 x = _mm512_loadu_ps(g + i);
+            __m512 sg = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+            _mm512_storeu_ps(g + i, _mm512_mul_ps(sg, _mm512_loadu_ps(u + i)));
+        }
+        free(u);
+    }
+    if ((rc = quant_linear(bits, g, M, F, w[6], D, b[6], t, threads))) goto done;
+    for (long i = 0; i < M * D; i++) h[i] += t[i];
+done:
+    free(t); free(q); free(k); free(v); free(att); free(g); free(s);
+    return rc;
+}
 #else
+
+int fused_layer(void) { return -2; }
 int quant_linear(int bits, const float *x, long M, long K, const unsigned char *wp, long N, const float *bias,
                  float *y, int threads) { return -2; }
 #endif

@@ -1,0 +1,135 @@
+"""Fused draft forwards (models/fused.py, ``fused_layer`` in quant_gemm.c) on the tiny pair with q4 / q8
+drafts: logits agree with the same quantized draft run through transformers' modules, a row's logits are
+bit-identical alone or beside other rows (any token counts, cache holes), greedy sd and mars theta = 1 stay
+token-identical to Hugging Face greedy, mars theta = 0.9 gives the same tokens at any batch size, and the
+loader turns the path on exactly for the drafts it covers."""
+import pytest
+import torch
+
+from mars_bench.decode import DecodeConfig, Method
+from mars_bench.decode.generate import Request, generate, generate_batch
+from mars_bench.models import fused, quant
+from mars_bench.models.adapter import CausalLMAdapter
+from mars_bench.models.tiny import tiny_pair
+
+from .conftest import EOS, MAX_NEW
+
+pytestmark = pytest.mark.skipif(not quant.available(), reason=f"quantized kernel unavailable: {quant.unavailable()}")
+
+
+def drafts(scheme="q4"):
+    """(target adapter, draft adapter through transformers' modules, the same draft fused)."""
+    target, draft, _ = tiny_pair()
+    quant.quantize_model(draft, scheme)
+    t = CausalLMAdapter(target)
+    plain = CausalLMAdapter(draft, out_vocab=t.vocab)
+    fast = plain.fork()
+    fast.fused = fused.FusedDraft(draft)
+    return t, plain, fast
+
+
+def prefill(adapters, prompts):
+    for a in adapters:
+        a.batch_reset(len(prompts))
+        for row, p in enumerate(prompts):
+            a.batch_prefill(row, p)
+
+
+@pytest.mark.parametrize("scheme", ["q4", "q8"])
+def test_fused_logits_agree_with_the_modules_path(scheme):
+    _, plain, fast = drafts(scheme)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (30, 17, 9)]
+    prefill((plain, fast), prompts)
+    calls, inner = [], fast.fused.forward
+    fast.fused.forward = lambda *a: calls.append(1) or inner(*a)
+    for step in range(8):
+        feed = [torch.randint(0, 256, (m,), generator=g).tolist() for m in ((step % 3), 1, 1 + step % 2)]
+        for x, y in zip(plain.batch_forward(feed), fast.batch_forward(feed)):
+            assert x.shape == y.shape
+            torch.testing.assert_close(y, x, atol=1e-4, rtol=1e-4)
+        lens = [n - (step % 2) for n in plain.batch_lens]
+        for a in (plain, fast):
+            a.batch_crop(lens)
+        assert plain.batch_lens == fast.batch_lens and plain.batch_width == fast.batch_width
+    assert len(calls) == 8 and fast.forward_s > 0
+
+
+def test_a_rows_logits_do_not_depend_on_its_batch():
+    _, _, fast = drafts()
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 256, (25,), generator=g).tolist()
+    other = torch.randint(0, 256, (40,), generator=g).tolist()
+    alone = fast.fork()
+    prefill((alone,), [prompt])
+    want = [alone.batch_forward([[7]])[0], alone.batch_forward([[8, 9]])[0]]
+    prefill((fast,), [other, prompt])
+    fast.batch_forward([[1, 2, 3], []])            # row 1 gets a padding column: a hole in its cache
+    fast.batch_crop([41, 25])
+    got = [fast.batch_forward([[4, 5], [7]])[1], fast.batch_forward([[6], [8, 9]])[1]]
+    for w, x in zip(want, got):
+        assert torch.equal(w, x)
+
+
+def test_single_sequence_forwards_take_the_same_path():
+    _, plain, fast = drafts()
+    g = torch.Generator().manual_seed(2)
+    prompt, more = torch.randint(0, 256, (20,), generator=g).tolist(), torch.randint(0, 256, (4,), generator=g).tolist()
+    batched = fast.fork()
+    prefill((batched,), [prompt])
+    for a in (plain, fast):
+        a.reset()
+        a.forward(prompt, logits=False)
+    for feed in ([more[0]], more[1:]):
+        want = batched.batch_forward([feed])[0]
+        assert torch.equal(fast.forward(feed), want)
+        torch.testing.assert_close(plain.forward(feed), want, atol=1e-4, rtol=1e-4)
+    assert fast.cache_len == plain.cache_len == 24
+
+
+def test_greedy_sd_and_mars_theta_1_stay_lossless(prompt_ids, hf_reference):
+    t, _, fast = drafts()
+    cfg = DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,))
+    calls = fast.n_forwards
+    for ids, ref in zip(prompt_ids, hf_reference):
+        assert generate(t, fast, None, ids, Method("sd", k=4), cfg).tokens == ref
+        assert generate(t, fast, None, ids, Method("mars", k=4, rule="mars", rule_kwargs={"theta": 1.0}),
+                        cfg).tokens == ref
+    assert fast.n_forwards > calls
+
+
+def test_mars_tokens_do_not_depend_on_batch_size(prompt_ids):
+    t, _, fast = drafts()
+    method, cfg = Method("mars", k=4, rule="mars", rule_kwargs={"theta": 0.9}), DecodeConfig(max_new_tokens=MAX_NEW,
+                                                                                             eos_ids=(EOS,))
+    alone = [generate(t, fast, None, ids, method, cfg).tokens for ids in prompt_ids[:6]]
+    got = {}
+    generate_batch(t, fast, None, [Request(ids, key=i) for i, ids in enumerate(prompt_ids[:6])], method, cfg, 3,
+                   lambda req, res: got.__setitem__(req.key, res.tokens))
+    assert [got[i] for i in range(6)] == alone
+
+
+def test_supports_names_what_it_does_not_cover():
+    _, draft, _ = tiny_pair()
+    assert "LM head is not quantized" in fused.supports(draft)
+    quant.quantize_model(draft, "q4")
+    assert fused.supports(draft) is None
+    draft.model.embed_tokens.to(torch.bfloat16)
+    assert "fused forwards take fp32" in fused.supports(draft)
+    draft.config.model_type = "gemma"
+    assert "'gemma'" in fused.supports(draft)
+    with pytest.raises(ValueError, match="fused draft forwards unavailable: model type 'gemma'"):
+        fused.FusedDraft(draft)
+
+
+@pytest.mark.parametrize("scheme, on", [("q4", True), ("q8", True), ("int8", False), ("none", False)])
+def test_loader_fuses_exactly_the_group_quantized_drafts(scheme, on):
+    from omegaconf import OmegaConf
+
+    from mars_bench import config as C
+    from mars_bench.models.pairs import load_draft, load_pair
+
+    mcfg = OmegaConf.merge(OmegaConf.structured(C.ModelConfig), {"source": "tiny", "draft_quant": scheme})
+    pair = load_pair(mcfg)
+    draft, _ = load_draft(mcfg, pair)
+    assert (draft.fused is not None) == on
