@@ -89,3 +89,22 @@ def test_the_fast_path_switches_the_model_to_it_and_scores_rows_alike():
     a.crop(200)
     a.expect(1)
     assert torch.equal(together, torch.cat([a.forward([t]) for t in new]))
+
+
+def test_kernel_and_transformers_rows_agree_and_the_kernel_serves_fp32_only(module):
+    """Where the panel library is built every fp32 row takes one C call (rows_attention); other dtypes take
+    transformers' SDPA row by row. On the same inputs the two agree (float64 SDPA as the reference)."""
+    if panel.library() is None:
+        pytest.skip(f"panel kernel unavailable here: {panel.unavailable()}")
+    from mars_bench.models import attention
+
+    query, key, value = qkv(2, 5, 80, seed=3)
+    assert attention._kernel(query, key, value, 0.0) is not None
+    assert attention._kernel(query.double(), key.double(), value.double(), 0.0) is None
+    assert attention._kernel(query, key, value, 0.1) is None
+    lib = panel.library()
+    for mask in (None, torch.rand(2, 1, 5, 80, generator=torch.Generator().manual_seed(4)) < 0.7):
+        out, _ = rowwise_attention(module, query, key, value, mask, scaling=D ** -0.5)
+        assert torch.equal(out, attention._rows_c(lib, module, query, key, value, mask, D ** -0.5))
+        ref, _ = rowwise_attention(module, query.double(), key.double(), value.double(), mask, scaling=D ** -0.5)
+        torch.testing.assert_close(out, ref.float(), atol=2e-6, rtol=1e-5)

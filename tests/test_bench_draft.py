@@ -85,12 +85,14 @@ def test_goals_name_what_limits_a_missed_one():
     fused = {"q4": {"path": "fused", "ms": 15.0, "ratio": 0.075, "weight_bytes": 280e6, "gb_per_s": 18.7,
                     "linear_ms": None, "outside_ms": None},
              "q4 (modules)": dict(facts["q4"], path="modules"),
-             "target": {"kernel": "panel-amx-bf16", "stream_gb_per_s": 25.0}}
+             "target": {"kernel": "panel-amx-bf16", "stream_gb_per_s": 25.0,
+                        "avx512_bf16_here_ms": {"1": 200.0, "5": 260.0, "8": 300.0}}}
     goals = {g[0]: g for g in bd.check_goals(target, fused, budget, None, "panel-amx-bf16")}
     g = goals["draft q4 forward(1) / target forward(1) <= 0.1"]
     assert g[1:3] == (0.075, True) and "at 18.7 GB/s over the whole forward; 280 MB at the machine's 25.0 GB/s" \
         " alone take 11.2 ms" in g[3]
     assert not any("(modules)" in name for name in goals)
+    assert "its kernel (panel-avx512-bf16) on this machine: 1.30" in goals["target forward(5) / forward(1) <= 1.15"][3]
 
 
 def test_render_rewrites_the_same_tables_from_the_saved_json(tmp_path):

@@ -57,7 +57,8 @@ def build(out_dir: Path | None = None, src: Path = SRC) -> Path:
     if platform.machine().lower() not in ("x86_64", "amd64") or "avx512f" not in flags:
         raise RuntimeError(f"CPU {model or platform.machine()!r} lacks AVX-512F")
     cc = os.environ.get("CC", "cc")
-    key = hashlib.sha256(src.read_bytes() + f"|{cc}|{model}|{' '.join(sorted(flags))}".encode()).hexdigest()[:16]
+    headers = b"".join(h.read_bytes() for h in sorted(src.parent.glob("*.h")))   # included by the sources
+    key = hashlib.sha256(src.read_bytes() + headers + f"|{cc}|{model}|{' '.join(sorted(flags))}".encode()).hexdigest()[:16]
     out_dir = Path(out_dir) if out_dir is not None else _kernel_dir()
     so = out_dir / f"{src.stem}-{key}.so"
     if so.exists():
@@ -87,6 +88,9 @@ def library():
             lib.panel_linear.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
                                          ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
             lib.panel_pack.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
+            P, L, I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+            lib.rows_attention.restype = I
+            lib.rows_attention.argtypes = [P, L, L, L, P, L, L, P, L, L, I, I, I, I, I, P, P, ctypes.c_float, P, I]
             _state["bf16"] = bool(lib.panel_bf16_available())
             _state["amx"] = _state["bf16"] and bool(lib.panel_amx_init())
             if _state["bf16"]:
@@ -219,3 +223,16 @@ class PanelLinear(nn.Module):
         if self.n_pad != self.out_features:
             y = y[:, :self.out_features].contiguous()
         return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def set_bf16_kernel(model: nn.Module, amx: bool) -> int:
+    """Run every bf16 ``PanelLinear`` of ``model`` on AMX tiles (where available) or the AVX512_BF16 kernel (both
+    read the same panels): the other CPU kind's kernel measured on this machine. Returns the layers switched."""
+    lib, n = library(), 0
+    for m in model.modules():
+        if isinstance(m, PanelLinear) and m.bf16:
+            m.amx = bool(amx and amx_available() and m.in_features % 32 == 0)
+            m._run = lib.panel_linear_amx if m.amx else lib.panel_linear_bf16
+            n += 1
+    return n
+

@@ -10,6 +10,7 @@
 #include <immintrin.h>
 #include <stdlib.h>
 #include <omp.h>
+#include "attend.h"
 
 #ifndef __AVX512F__
 #error "panel_gemm.c needs AVX-512F (without it the fast path uses MKL packed GEMM)"
@@ -81,6 +82,36 @@ void panel_pack(const float *w, long N, long K, float *wp, int threads) {
  * of bf16 are exact in fp32; each output element is one sequential fp32 sum over k pairs computed by one
  * thread, so a row's result does not depend on how many rows the call has (batch invariance) or on the
  * thread count. x is rounded to bf16 (round to nearest even, as torch's .to(bfloat16)). K must be even. */
+/* Row-wise attention (attention.py): for sequence b, query row r and head h, out[b, r, h, :] = softmax(scale q k^T) v
+ * over the key columns keys[key_off[b*Q + r] .. key_off[b*Q + r + 1]) of kv head h / (H / Hkv), each row computed
+ * alone (attend.h), so a row's result never depends on the rows beside it. q[b, h, r, :] at q + b*qsb + h*qsh + r*qsr;
+ * key column c of head g at k + b*ksb + g*ksh + c*hd (likewise v). A row with no keys gets zeros. Returns 0, -1
+ * when scratch cannot be allocated, -2 for bad shapes. */
+int rows_attention(const float *q, long qsb, long qsh, long qsr, const float *k, long ksb, long ksh, const float *v,
+                   long vsb, long vsh, int B, int H, int Hkv, int Q, int hd, const int *keys, const int *key_off,
+                   float scale, float *out, int threads) {
+    if (hd % 16 || Hkv <= 0 || H % Hkv) return -2;
+    int most = 0;
+    for (long i = 0; i < (long)B * Q; i++) most = key_off[i + 1] - key_off[i] > most ? key_off[i + 1] - key_off[i] : most;
+    float *s = malloc(sizeof(float) * (size_t)threads * (most + 16));
+    if (!s) return -1;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *ss = s + (long)omp_get_thread_num() * (most + 16);
+        #pragma omp for schedule(static)
+        for (long i = 0; i < (long)B * Q * H; i++) {
+            const long b = i / ((long)Q * H), r = (i / H) % Q;
+            const int h = (int)(i % H), g = h / (H / Hkv), n = key_off[b * Q + r + 1] - key_off[b * Q + r];
+            float *o = out + i * hd;
+            if (!n) { for (int j = 0; j < hd; j++) o[j] = 0.0f; continue; }
+            attend(q + b * qsb + h * qsh + r * qsr, k + b * ksb + g * ksh, v + b * vsb + g * vsh, hd,
+                   keys + key_off[b * Q + r], n, scale, ss, o);
+        }
+    }
+    free(s);
+    return 0;
+}
+
 #ifdef __AVX512BF16__
 #define PFB 32                                  /* prefetch distance in k-pair steps (4 KB ahead) */
 static inline unsigned short to_bf16(float f) {

@@ -36,6 +36,7 @@ int quant_available(void) {
 long quant_block_bytes(int bits) { return (bits == 4 ? 16 * G : 32 * G) + 2 * NB; }
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include "attend.h"
 /* One panel, rows [0, R) of the quantized activations; inlined per (bits, R) so both are constants. */
 static inline __attribute__((always_inline)) void panel_rows(int bits, int R, const signed char *xq, const float *dx, const int *sx, long K,
                        const unsigned char *w, float *y, long N, const float *b) {
@@ -144,22 +145,6 @@ int quant_linear(int bits, const float *x, long M, long K, const unsigned char *
  *   h += att Wo + bo;  t = rmsnorm(h) ln2;  h += (silu(t Wg) * (t Wu)) Wd.
  * Every sum has a fixed order per token (16-lane partial sums, then _mm512_reduce_add_ps), and the linear
  * layers are row-invariant: a token's result depends on its own inputs and keys only. */
-static inline __m512 exp512(__m512 x) {            /* Cephes expf: |rel err| < 2e-7 on [-87, 88] */
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-
 static void rms_norm(const float *x, const float *w, float *y, long D, float eps) {
     __m512 acc = _mm512_setzero_ps();
     for (long i = 0; i < D; i += 16) { __m512 v = _mm512_loadu_ps(x + i); acc = _mm512_fmadd_ps(v, v, acc); }
@@ -177,33 +162,6 @@ static void rotary(float *x, int heads, int hd, const float *cos, const float *s
             v[i] = a * cos[i] - b * sin[i];
             v[i + half] = b * cos[i + half] + a * sin[i + half];
         }
-    }
-}
-
-static void attend(const float *q, const float *kc, const float *vc, long cap, int hd, const int *keys, int n,
-                   float scale, float *s, float *out) {
-    float mx = -INFINITY;
-    for (int c = 0; c < n; c++) {
-        const float *kr = kc + (long)keys[c] * hd;
-        __m512 acc = _mm512_setzero_ps();
-        for (int i = 0; i < hd; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(kr + i), acc);
-        s[c] = _mm512_reduce_add_ps(acc) * scale;
-        mx = fmaxf(mx, s[c]);
-    }
-    __m512 sum = _mm512_setzero_ps();
-    for (int c = 0; c < n; c += 16) {
-        const __mmask16 m = n - c >= 16 ? 0xFFFF : (__mmask16)((1u << (n - c)) - 1);
-        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + c), _mm512_set1_ps(mx)));
-        e = _mm512_maskz_mov_ps(m, e);
-        _mm512_mask_storeu_ps(s + c, m, e);
-        sum = _mm512_add_ps(sum, e);
-    }
-    const float inv = 1.0f / _mm512_reduce_add_ps(sum);
-    for (int i = 0; i < hd; i += 16) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int c = 0; c < n; c++)
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(s[c]), _mm512_loadu_ps(vc + (long)keys[c] * hd + i), acc);
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
     }
 }
 
@@ -239,7 +197,7 @@ int fused_layer(int bits, long M, long D, float *h, const float *ln1, const floa
     for (long mj = 0; mj < M * H; mj++) {
         const long m = mj / H; const int j = (int)(mj % H), kv = j / (H / Hkv);
         const long base = ((long)tok_row[m] * Hkv + kv) * cap * hd;
-        attend(q + m * Nq + j * hd, kbuf + base, vbuf + base, cap, hd, keys + key_off[m], key_off[m + 1] - key_off[m],
+        attend(q + m * Nq + j * hd, kbuf + base, vbuf + base, hd, keys + key_off[m], key_off[m + 1] - key_off[m],
                scale, s + mj * (most + 16), att + m * Nq + j * hd);
     }
     if ((rc = quant_linear(bits, att, M, Nq, w[3], D, b[3], t, threads))) goto done;
