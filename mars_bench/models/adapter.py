@@ -19,6 +19,7 @@ columns gathered to the front) once the width exceeds the longest row by ``COMPA
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import time
@@ -143,13 +144,9 @@ class BatchCacheMixin:
             kwargs["attention_mask"] = {"full_attention": mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]}
         if hidden_states:
             kwargs["output_hidden_states"] = True
-        self._sync()
-        t0 = time.perf_counter()
-        out = self.model(input_ids=ids, **kwargs)
-        z = out.logits.float()
-        self._sync()
-        self.forward_s += time.perf_counter() - t0
-        self.n_forwards += 1
+        with self._timed():
+            out = self.model(input_ids=ids, **kwargs)
+            z = out.logits.float()
         self._fed = (width, count.tolist())
         self.bvalid = torch.cat([self.bvalid, new_ok], 1)
         z = self._widen_logits(z)
@@ -171,13 +168,9 @@ class BatchCacheMixin:
                 keys.append(torch.cat([held, torch.arange(width, width + i + 1)]))
                 off.append(off[-1] + len(held) + i + 1)
         rows_t, index_t = torch.tensor(rows, device=self.device), torch.tensor(index, device=self.device)
-        self._sync()
-        t0 = time.perf_counter()
-        z = self.fused.forward(self.bcache, torch.tensor(ids, device=self.device), lens[rows_t] + index_t, rows_t,
-                               width + index_t, torch.cat(keys), torch.tensor(off), width)
-        self._sync()
-        self.forward_s += time.perf_counter() - t0
-        self.n_forwards += 1
+        with self._timed():
+            z = self.fused.forward(self.bcache, torch.tensor(ids, device=self.device), lens[rows_t] + index_t, rows_t,
+                                   width + index_t, torch.cat(keys), torch.tensor(off), width)
         n = int(count.max())
         self._fed = (width, count.tolist())
         self.bvalid = torch.cat([self.bvalid, torch.arange(n, device=self.device)[None] < count[:, None]], 1)
@@ -334,6 +327,16 @@ class CausalLMAdapter(BatchCacheMixin):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    @contextlib.contextmanager
+    def _timed(self):
+        """Count one forward and its wall seconds (the device synchronized at both ends)."""
+        self._sync()
+        t0 = time.perf_counter()
+        yield
+        self._sync()
+        self.forward_s += time.perf_counter() - t0
+        self.n_forwards += 1
+
     @torch.inference_mode()
     def forward(self, tokens, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, logits: bool = True,
@@ -351,12 +354,8 @@ class CausalLMAdapter(BatchCacheMixin):
             at = torch.arange(n, device=self.device)
             keys = torch.cat([torch.arange(width + i + 1) for i in range(n)])
             off = torch.tensor([0] + [width * (i + 1) + (i + 1) * (i + 2) // 2 for i in range(n)])
-            self._sync()
-            t0 = time.perf_counter()
-            z = self.fused.forward(self.cache, ids[0], width + at, torch.zeros_like(at), width + at, keys, off, width)
-            self._sync()
-            self.forward_s += time.perf_counter() - t0
-            self.n_forwards += 1
+            with self._timed():
+                z = self.fused.forward(self.cache, ids[0], width + at, torch.zeros_like(at), width + at, keys, off, width)
             return self._widen_logits(z)
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
         if attention_mask is not None:
@@ -367,13 +366,9 @@ class CausalLMAdapter(BatchCacheMixin):
             kwargs["logits_to_keep"] = 1
         if hidden_states:
             kwargs["output_hidden_states"] = True
-        self._sync()
-        t0 = time.perf_counter()
-        out = self.model(input_ids=ids, **kwargs)
-        z = out.logits[0].float() if logits else None
-        self._sync()
-        self.forward_s += time.perf_counter() - t0
-        self.n_forwards += 1
+        with self._timed():
+            out = self.model(input_ids=ids, **kwargs)
+            z = out.logits[0].float() if logits else None
         if z is not None:
             z = self._widen_logits(z)
         return (z, out.hidden_states) if hidden_states else z

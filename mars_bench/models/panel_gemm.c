@@ -113,7 +113,7 @@ int rows_attention(const float *q, long qsb, long qsh, long qsr, const float *k,
 }
 
 #ifdef __AVX512BF16__
-#define PFB 32                                  /* prefetch distance in k-pair steps (4 KB ahead) */
+#define PFB 256                                 /* prefetch distance in k-pair steps (32 KB ahead; both lines of a step) */
 static inline unsigned short to_bf16(float f) {
     unsigned int u; __builtin_memcpy(&u, &f, 4);
     if ((u & 0x7fffffff) > 0x7f800000) return (unsigned short)((u >> 16) | 0x40);    /* quiet NaN */
@@ -125,6 +125,7 @@ static void kernb_##R(const unsigned int *xt, long K2, const unsigned short *w, 
     for (int r = 0; r < R; r++) { a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps(); } \
     for (long k = 0; k < K2; k++) { \
         _mm_prefetch((const char *)(w + (k + PFB) * 2 * NB), _MM_HINT_T1); \
+        _mm_prefetch((const char *)(w + (k + PFB) * 2 * NB + NB), _MM_HINT_T1); \
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(w + k * 2 * NB), b1 = (__m512bh)_mm512_loadu_si512(w + k * 2 * NB + NB); \
         for (int r = 0; r < R; r++) { __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xt[k * R + r]); \
             a0[r] = _mm512_dpbf16_ps(a0[r], xb, b0); a1[r] = _mm512_dpbf16_ps(a1[r], xb, b1); } \
