@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mars_bench.decode import DecodeConfig, Method, generate
-from mars_bench.models import fastpath, panel
+from mars_bench.models import fastpath, panel, quant
 from mars_bench.decode.rules import top2
 
 pytestmark = pytest.mark.slow
@@ -47,12 +47,16 @@ def _cfg(pair, n=24):
 def test_pair_shares_the_tokenizer(pair):
     assert pair.target.vocab == pair.draft.vocab == 151936
     assert len(pair.tokenizer) == 151936   # the GGUF tokenizer lists the padding ids too
-    assert isinstance(pair.draft.model.lm_head, fastpath.Int8Linear)   # the embedded config's int8 draft
-    assert not any(isinstance(m, fastpath.Int8Linear) for m in pair.target.model.modules())
+    if quant.available():                                                # the embedded config's q8 draft, fused
+        assert isinstance(pair.draft.model.lm_head, quant.QuantLinear) and pair.draft.model.lm_head.bits == 8
+        assert pair.draft.fused is not None
+    else:                                                                # without AVX512-VNNI: int8
+        assert isinstance(pair.draft.model.lm_head, fastpath.Int8Linear)
+    assert not any(isinstance(m, (fastpath.Int8Linear, quant.QuantLinear)) for m in pair.target.model.modules())
 
 
 def test_fast_path_equals_plain_path_and_hf_generate(pair, prompts):
-    """ar on both paths and sd (with the int8 draft) all equal the fp32 target's own greedy decoding."""
+    """ar on both paths and sd (with the embedded draft) all equal the fp32 target's own greedy decoding."""
     want = "panel-avx512" if panel.library() is not None else "mkl-packed"   # the best kernel this CPU has
     assert fastpath.kind(pair.target.model) == want
     cfg = _cfg(pair)
