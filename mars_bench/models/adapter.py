@@ -158,19 +158,19 @@ class BatchCacheMixin:
     def _fused_forward(self, tokens: list[list[int]], width: int, lens: torch.Tensor, count: torch.Tensor):
         """``batch_forward`` of chains through ``self.fused`` (models/fused.py): token i of row b at position
         len_b + i and cache column width + i, attending to the row's valid columns and its new ones up to i."""
-        ids, rows, index, keys, off = [], [], [], [], [0]
+        ids, rows, index, keys = [], [], [], []
         for b, t in enumerate(tokens):
             if not t:
                 continue
             held = torch.arange(width) if bool(self.bvalid[b].all()) else self.bvalid[b].nonzero().squeeze(1).cpu()
-            for i, tok in enumerate(t):
-                ids.append(tok), rows.append(b), index.append(i)
-                keys.append(torch.cat([held, torch.arange(width, width + i + 1)]))
-                off.append(off[-1] + len(held) + i + 1)
+            ids += t
+            rows += [b] * len(t)
+            index += range(len(t))
+            keys += _chain_keys(held, width, len(t))
         rows_t, index_t = torch.tensor(rows, device=self.device), torch.tensor(index, device=self.device)
         with self._timed():
             z = self.fused.forward(self.bcache, torch.tensor(ids, device=self.device), lens[rows_t] + index_t, rows_t,
-                                   width + index_t, torch.cat(keys), torch.tensor(off), width)
+                                   width + index_t, *_flat(keys), width)
         n = int(count.max())
         self._fed = (width, count.tolist())
         self.bvalid = torch.cat([self.bvalid, torch.arange(n, device=self.device)[None] < count[:, None]], 1)
@@ -352,10 +352,10 @@ class CausalLMAdapter(BatchCacheMixin):
         if (self.fused is not None and logits and not hidden_states and attention_mask is None and position_ids is None
                 and width and 0 < n <= FUSED_MAX):
             at = torch.arange(n, device=self.device)
-            keys = torch.cat([torch.arange(width + i + 1) for i in range(n)])
-            off = torch.tensor([0] + [width * (i + 1) + (i + 1) * (i + 2) // 2 for i in range(n)])
+            keys = _chain_keys(torch.arange(width), width, n)
             with self._timed():
-                z = self.fused.forward(self.cache, ids[0], width + at, torch.zeros_like(at), width + at, keys, off, width)
+                z = self.fused.forward(self.cache, ids[0], width + at, torch.zeros_like(at), width + at, *_flat(keys),
+                                       width)
             return self._widen_logits(z)
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
         if attention_mask is not None:
@@ -372,6 +372,19 @@ class CausalLMAdapter(BatchCacheMixin):
         if z is not None:
             z = self._widen_logits(z)
         return (z, out.hidden_states) if hidden_states else z
+
+
+def _chain_keys(held: torch.Tensor, width: int, n: int) -> list[torch.Tensor]:
+    """Cache columns each of a row's n new chain tokens attends to: the row's ``held`` columns, then the new
+    columns width .. width + i (token i and the ones before it)."""
+    return [torch.cat([held, torch.arange(width, width + i + 1)]) for i in range(n)]
+
+
+def _flat(keys: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(all key columns, offsets [M + 1]) for ``FusedDraft.forward``."""
+    off = torch.zeros(len(keys) + 1, dtype=torch.long)
+    off[1:] = torch.tensor([len(k) for k in keys]).cumsum(0)
+    return torch.cat(keys), off
 
 
 def _ancestors(parents: list[int], device) -> torch.Tensor:

@@ -9,7 +9,8 @@ the embedding lookup, rotary angles, final norm and LM head stay in torch.
 Scope: Qwen2 / Llama decoders whose linear layers are all ``QuantLinear`` (``model.draft_quant=q4|q8``),
 full attention, SiLU MLP; the adapter's batched chain forwards (``batch_forward`` without trees or hidden
 states: every draft step of the chain proposer, any batch size) and single-sequence forwards of up to
-``adapter.FUSED_MAX`` tokens after a prefill. Prefill and tree forwards keep the transformers path. Each token is computed from its own inputs and keys only (row-invariant linears,
+``adapter.FUSED_MAX`` tokens after a prefill. Prefill and tree forwards keep the transformers path. Each
+token is computed from its own inputs and keys only (row-invariant linears,
 attention over exactly the row's valid cache columns, fixed summation order), so a row's drafts do not
 depend on its batch. The arithmetic differs from the transformers path in the last bits (vectorized exp,
 summation order): the draft proposes, the target decides, so lossless rules stay lossless (tested
@@ -59,7 +60,7 @@ def supports(model) -> str | None:
             m = getattr(layer.self_attn if name[0] in "qkvo" else layer.mlp, name, None)
             if not isinstance(m, quant.QuantLinear) or m.bits != bits or m.n_pad != m.out_features:
                 return f"{name} is not a {bits}-bit QuantLinear with a multiple of 32 outputs"
-    if getattr(model.config, "head_dim", None) and inner.layers[0].self_attn.head_dim % 16:
+    if inner.layers[0].self_attn.head_dim % 16:
         return "head_dim is not a multiple of 16"
     if cfg.hidden_size % 32 or cfg.intermediate_size % 32:
         return "hidden or intermediate size not a multiple of 32"

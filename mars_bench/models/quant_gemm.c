@@ -177,9 +177,9 @@ int fused_layer(int bits, long M, long D, float *h, const float *ln1, const floa
     for (long m = 0; m < M; m++) most = key_off[m + 1] - key_off[m] > most ? key_off[m + 1] - key_off[m] : most;
     float *t = malloc(sizeof(float) * M * W), *q = malloc(sizeof(float) * M * Nq), *k = malloc(sizeof(float) * M * Nk),
           *v = malloc(sizeof(float) * M * Nk), *att = malloc(sizeof(float) * M * Nq), *g = malloc(sizeof(float) * M * F),
-          *s = malloc(sizeof(float) * M * H * (most + 16));
+          *u = malloc(sizeof(float) * M * F), *s = malloc(sizeof(float) * M * H * (most + 16));
     int rc = 0;
-    if (!t || !q || !k || !v || !att || !g || !s) { rc = -1; goto done; }
+    if (!t || !q || !k || !v || !att || !g || !u || !s) { rc = -1; goto done; }
     for (long m = 0; m < M; m++) rms_norm(h + m * D, ln1, t + m * D, D, eps);
     if ((rc = quant_linear(bits, t, M, D, w[0], Nq, b[0], q, threads))) goto done;
     if ((rc = quant_linear(bits, t, M, D, w[1], Nk, b[1], k, threads))) goto done;
@@ -204,21 +204,16 @@ int fused_layer(int bits, long M, long D, float *h, const float *ln1, const floa
     for (long i = 0; i < M * D; i++) h[i] += t[i];
     for (long m = 0; m < M; m++) rms_norm(h + m * D, ln2, t + m * D, D, eps);
     if ((rc = quant_linear(bits, t, M, D, w[4], F, b[4], g, threads))) goto done;
-    {
-        float *u = malloc(sizeof(float) * M * F);
-        if (!u) { rc = -1; goto done; }
-        if ((rc = quant_linear(bits, t, M, D, w[5], F, b[5], u, threads))) { free(u); goto done; }
-        for (long i = 0; i < M * F; i += 16) {
-            __m512 x = _mm512_loadu_ps(g + i);
-            __m512 sg = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
-            _mm512_storeu_ps(g + i, _mm512_mul_ps(sg, _mm512_loadu_ps(u + i)));
-        }
-        free(u);
+    if ((rc = quant_linear(bits, t, M, D, w[5], F, b[5], u, threads))) goto done;
+    for (long i = 0; i < M * F; i += 16) {                  /* silu(gate) * up */
+        __m512 x = _mm512_loadu_ps(g + i);
+        __m512 sg = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(sg, _mm512_loadu_ps(u + i)));
     }
     if ((rc = quant_linear(bits, g, M, F, w[6], D, b[6], t, threads))) goto done;
     for (long i = 0; i < M * D; i++) h[i] += t[i];
 done:
-    free(t); free(q); free(k); free(v); free(att); free(g); free(s);
+    free(t); free(q); free(k); free(v); free(att); free(g); free(u); free(s);
     return rc;
 }
 #else
