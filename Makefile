@@ -41,7 +41,7 @@ demo: $(STAMP)
 # rerun resumes either phase. Then the report, and the study's records packed for committing
 # (results/study.tar.xz; `mars-bench-report results/study.tar.xz` recomputes the README's study table).
 STUDY_DIR ?= results/study
-# the committed study's draft: 4-bit (the embedded default is int8; README "The CPU study")
+# the committed study's draft: 4-bit, the fastest here (the embedded default is q8; README "The CPU study")
 STUDY_DRAFT ?= model.draft_quant=q4
 reproduce: $(STAMP)
 	$(BIN)/mars-bench +experiment=study_theta task=wmt19_zh_en $(STUDY_DRAFT) results_dir=$(STUDY_DIR)

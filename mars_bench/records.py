@@ -448,6 +448,13 @@ def acceptance_per_depth(records: list[SampleRecord]) -> list[float]:
     return [a / p for a, p in zip(depth_acc, depth_prop)]
 
 
+def outside_forward_share(wall_s: float, prefill_s: float, forward_s: float) -> float | None:
+    """Share of the decoding loop's wall time (wall minus prefill) spent outside target and draft forwards:
+    the harness's own cost per step (proposing, verifying, bookkeeping); None without loop time."""
+    loop = wall_s - prefill_s
+    return 1 - forward_s / loop if loop > 0 else None
+
+
 def totals(records: "list[dict | SampleRecord]") -> dict:
     """Run-level speed and acceptance numbers from per-sample records."""
     records = as_records(records)
@@ -464,7 +471,8 @@ def totals(records: "list[dict | SampleRecord]") -> dict:
         "n_relaxed": _sum(records, "n_relaxed"),
         "acceptance_rate": accepted / proposed if proposed else None,
         "acceptance_per_depth": acceptance_per_depth(records),
-        "outside_forward_share": 1 - (_sum(records, "target_s") + _sum(records, "draft_s")) / wall if wall else None,
+        "outside_forward_share": outside_forward_share(wall, _sum(records, "prefill_s"),
+                                                       _sum(records, "target_s") + _sum(records, "draft_s")),
     }
 
 

@@ -7,8 +7,9 @@ Decoded here, interleaved prompt by prompt with our ar (fp32 plain and panel pat
 each ratio is to an ar measured beside it: transformers `generate` and assisted generation (the default's
 quantized draft as `assistant_model`) on the fp32 target, llama.cpp on the same Q4_K_M GGUF files, ar and speculative
 (optional extra `llamacpp`). Also: forward cost of n tokens (target per path, and the draft), the share
-of wall time outside forwards, and the peak RSS of each configuration in a fresh process that loads it as
-`make run` does and decodes one prompt with ar, sd and mars. Writes results/bench/bench.{md,csv,json}.
+of the decoding loop's wall time (prefill excluded) outside forwards, and the peak RSS of each configuration
+in a fresh process that loads it as `make run` does and decodes one prompt with ar, sd and mars. Writes
+results/bench/bench.{md,csv,json}.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from mars_bench import stats as S  # noqa: E402
 from mars_bench.decode import DecodeConfig, Method, generate  # noqa: E402
 from mars_bench.models import fastpath, llamacpp, panel  # noqa: E402
 from mars_bench.models.pairs import eos_ids  # noqa: E402
-from mars_bench.records import SPEEDUP_DEFINITION, TAU_DEFINITION, machine, machine_label  # noqa: E402
+from mars_bench.records import (SPEEDUP_DEFINITION, TAU_DEFINITION, machine, machine_label,  # noqa: E402
+                                outside_forward_share)
 
 TASKS = ("gsm8k", "humaneval")
 REF_AR = "ar (fp32 panel)"            # the reference block's ratios are to this row
@@ -73,7 +75,8 @@ def run_compare(compare: str, task: str, runs_dir: Path, overrides=(), threads: 
 
 def our_rows(runs_dir) -> pd.DataFrame:
     """The runner's runs under ``runs_dir`` as table rows: summary.json's tokens/s, tau, speedup vs ar and its
-    CI, outputs identical to ar's, share of wall time outside forwards (``load_frames``, nothing recomputed)."""
+    CI, outputs identical to ar's, share of the loop's wall time outside forwards (``load_frames``, nothing
+    recomputed)."""
     from mars_bench.report.frames import load_frames
 
     runs = load_frames([runs_dir]).runs
@@ -134,7 +137,8 @@ def ours_ar(pair, fast, cfg):
     def run(ids):
         set_path(pair, fast)
         r = generate(pair.target, pair.draft, pair.tokenizer, ids, Method("ar"), cfg)
-        return {"tokens": r.tokens, "wall_s": r.wall_s, "steps": r.steps, "forward_s": r.target_s + r.draft_s}
+        return {"tokens": r.tokens, "wall_s": r.wall_s, "steps": r.steps, "forward_s": r.target_s + r.draft_s,
+                "prefill_s": r.prefill_s}
     return run
 
 
@@ -195,7 +199,8 @@ def reference_rows(raw: dict, settings: S.StatsSettings | None = None) -> pd.Dat
                         "tau": S.ratio_ci(tokens, steps, settings)["value"] if None not in steps else None,
                         "vs_ar": up["value"], "vs_ar_lo": up["lo"], "vs_ar_hi": up["hi"],
                         "identical_to_ar": sum(a["tokens"] == b["tokens"] for a, b in zip(rs, ref)), "n": len(rs),
-                        "outside_forward_share": 1 - sum(fwd) / sum(col("wall_s")) if None not in fwd else None})
+                        "outside_forward_share": None if None in fwd else
+                        outside_forward_share(sum(col("wall_s")), sum(col("prefill_s")), sum(fwd))})
     return pd.DataFrame(out, columns=COLUMNS)
 
 
@@ -349,7 +354,9 @@ def write(out: Path, table: pd.DataFrame, goals, costs: dict, rss: dict, meta: d
              f"{kernels}. `{OURS}` rows: `mars-bench +compare=bench` (conf/compare/bench.yaml), the methods "
              f"interleaved, ratios to their ar from summary.json (runs: `{meta.get('runs')}`). `{REFS}` rows: "
              f"decoded interleaved here on the same prompts, ratios to `{REF_AR}`. Compare ratios only within a "
-             f"block. {TAU_DEFINITION}. vs ar: {SPEEDUP_DEFINITION}; 95% CI: paired bootstrap over prompts.",
+             f"block. {TAU_DEFINITION}. vs ar: {SPEEDUP_DEFINITION}; 95% CI: paired bootstrap over prompts. "
+             "outside forwards: share of the decoding loop's wall time (prefill excluded) outside target and "
+             "draft forwards.",
              *([f"\nllama.cpp rows skipped: {meta['llama_cpp_skipped']}."] if meta.get("llama_cpp_skipped") else []),
              "", md(shown), "", "Goals (issues 3 and 14), from this run:", "",
              md([(g, f(v), "yes" if ok else "no") for g, v, ok in goals], ["goal", "measured", "met"]), "",

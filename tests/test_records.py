@@ -171,3 +171,10 @@ def test_a_summary_over_two_machines_is_current_for_the_report(tmp_path):
     run = RunFiles.__new__(RunFiles)
     run.records = [r.to_dict() for r in mine]
     assert _current(stats, run, [r.to_dict() for r in ar], None)
+
+
+def test_outside_forward_share_is_of_the_loop_time_prefill_excluded():
+    # wall 3 s of which prefill 1 s; forwards 1.5 + 0.3 s of the 2 s loop: 10% outside
+    rec = SampleRecord(id="q0", new_tokens=4, steps=2, prefill_s=1.0, wall_s=3.0, target_s=1.5, draft_s=0.3)
+    assert R.totals([rec])["outside_forward_share"] == pytest.approx(0.1)
+    assert R.outside_forward_share(1.0, 1.0, 0.0) is None      # no loop time: no share
