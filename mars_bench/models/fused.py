@@ -10,9 +10,8 @@ Scope: Qwen2 / Llama decoders whose linear layers are all ``QuantLinear`` (``mod
 full attention, SiLU MLP; the adapter's batched chain forwards (``batch_forward`` without trees or hidden
 states: every draft step of the chain proposer, any batch size) and single-sequence forwards of up to
 ``adapter.FUSED_MAX`` tokens after a prefill. Prefill and tree forwards keep the transformers path. Each
-token is computed from its own inputs and keys only (row-invariant linears,
-attention over exactly the row's valid cache columns, fixed summation order), so a row's drafts do not
-depend on its batch. The arithmetic differs from the transformers path in the last bits (vectorized exp,
+token is computed from its own inputs and keys only (row-invariant linears, attention over exactly the
+row's valid cache columns, fixed summation order), so a row's drafts do not depend on its batch. The arithmetic differs from the transformers path in the last bits (vectorized exp,
 summation order): the draft proposes, the target decides, so lossless rules stay lossless (tested
 token-identical to ar), and ``fused.supports`` says why a model is not eligible.
 """
