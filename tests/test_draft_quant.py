@@ -23,11 +23,14 @@ def test_int8_linear_is_close_to_the_float_layer():
 
 def test_int8_rows_do_not_depend_on_the_other_rows_of_the_call():
     """Per-row activation scales: a row's output is bit-identical alone and beside rows of any scale or
-    sign (issue 12: a batched draft proposes what it proposes at batch size 1)."""
+    sign (issue 12: a batched draft proposes what it proposes at batch size 1). Accuracy is asserted for the
+    range quantize_int8 runs on this CPU; full range without VNNI must be measurably worse (why it is not run)."""
     torch.manual_seed(1)
     lin = torch.nn.Linear(192, 700)
-    for full in (True, False):
+    runs_here = fastpath._full_range()   # what quantize_int8 picks on this CPU
+    for full in (False, True):   # reduce_range first: its errors are the yardstick for full range
         q = fastpath.Int8Linear(lin, full_range=full)
+        torch.manual_seed(2)
         x = torch.randn(9, 192)
         x[1] *= 40.0                 # a large row
         x[2] = x[2].abs() * 1e-3     # a small, one-signed row
@@ -37,7 +40,16 @@ def test_int8_rows_do_not_depend_on_the_other_rows_of_the_call():
         assert torch.equal(q(x[[4, 1, 4]])[0], alone[4])
         assert torch.equal(q(x.view(3, 3, 192)).view(9, 700), alone)
         rel = (alone - lin(x)).norm(dim=1) / lin(x).norm(dim=1)
-        assert (rel < 0.03).all() and (rel > 1e-6).all(), rel
+        assert (rel > 1e-6).all(), rel   # quantized, not bit-equal
+        if full and not runs_here:
+            # Without VNNI fbgemm sums u8 x s8 pairs into int16 with saturation, so 8-bit activations lose
+            # accuracy: the reason quantize_int8 runs 7-bit activations (reduce_range) on such CPUs.
+            worse = rel.median() > 2 * reduced_errors.median()
+            assert worse, (rel, reduced_errors)
+        else:
+            assert (rel < 0.03).all(), rel
+        if not full:
+            reduced_errors = rel
 
 
 def test_quantized_draft_keeps_sd_lossless(prompt_ids, hf_reference):
