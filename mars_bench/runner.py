@@ -18,6 +18,7 @@ import copy
 import logging
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -72,12 +73,31 @@ class Job:
         self.task, self.samples, self.data_dir, self.max_new, self.task_dir = prepare(cfg)
         self.tag = RunSpec.from_config(cfg, self.max_new, task_prompts=self.task.options.get("prompts", "ours"))
         self.run_dir = self.task_dir / self.tag.dir_name
+        self._check_owner()
         self.method = C.method_of(cfg)
         self.writer = SampleWriter(self.run_dir / "samples.jsonl", on_start=self.write_spec)
         self.todo = {s.id for s in self.samples if s.id not in self.writer.done}
         sweep = C.RULES[self.tag.rule].sweep if self.method.speculative else None
         self.label = f"{cfg.model.name} | {self.task.name} | {self.tag.head}" + (
             f" {sweep}={self.tag.settings[sweep]:g}" if sweep else "")
+
+    def _check_owner(self) -> None:
+        """A run directory whose run.json names other settings or other weights is never resumed (one line)."""
+        from .tags import read_spec
+
+        if not (self.run_dir / "run.json").is_file():
+            return
+        try:
+            found = read_spec(self.run_dir)
+        except ValueError as e:
+            raise C.ConfigError(str(e)) from None
+        if found != self.tag:
+            from .models.identity import describe
+
+            what = "weights" if replace(found, model=None, draft_model=None) == replace(
+                self.tag, model=None, draft_model=None) else "settings"
+            raise C.ConfigError(f"{self.run_dir} holds records of other {what} (its run.json: target "
+                                f"{describe(found.model)}); allowed: a run directory of this run's own spec")
 
     def write_spec(self) -> None:
         """run.json in the run directory (once; one already there must hold this job's spec)."""

@@ -45,13 +45,14 @@ _SPLIT = re.compile(r"-(?=[A-Za-z])")
 _NUM = r"[0-9][0-9.e+-]*"
 
 SPEC_FILE = "run.json"
-SPEC_VERSION = 1        # the layout of run.json; from_dict reads every version up to this one
+SPEC_VERSION = 2        # the layout of run.json (2: model identity and engine); from_dict reads every version up to this one
 DIGEST_CHARS = 10
 DIR_SEPARATOR = "@"     # between label and digest; never in a legacy name (those end in -s<seed>)
 # Fields left out of the digest at these values (fixed here, never the dataclass defaults, so that changing a
 # default can never give an old directory to new settings). A field added later goes here with the value
 # that means "not used", so that every earlier run keeps its directory.
-DIGEST_NEUTRAL = {"options": {}, "draft_vocab": 0}
+DIGEST_NEUTRAL = {"options": {}, "draft_vocab": 0, "model": None, "draft_model": None, "engine": "native",
+                  "engine_version": None}
 
 
 def _fmt(x: float) -> str:
@@ -82,6 +83,13 @@ class RunSpec:
     enable_thinking: bool | None = None  # model.enable_thinking (None: the chat template's default)
     task_prompts: str = "ours"      # the task option prompts, for tasks that have it (else ours)
     options: dict = field(default_factory=dict)    # scheme-specific knobs (Method.options), e.g. maxngram3-minngram1
+    # What ran it (models/identity.py): the target side (weights, dtype, device, fast path, sharding), shared with
+    # the ar baseline, and the proposer's weights (draft LM and/or EAGLE-3 head; None without one). None = unknown:
+    # a result tree written before run identities, which no new run ever matches.
+    model: dict | None = None
+    draft_model: dict | None = None
+    engine: str = "native"          # what runs the decoding loop: native (ours) | vllm
+    engine_version: str | None = None   # the engine's version where it is not this package (vllm)
 
     def __post_init__(self):
         """Checks scheme and rule and gives every number its one type (floats as floats, counts as ints, the
@@ -100,12 +108,21 @@ class RunSpec:
         settings = dict(self.settings or {})
         put("settings", RULES[self.rule].settings(settings) if self.scheme != "ar" else settings)
         put("options", dict(self.options or {}))
+        for name in ("model", "draft_model"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, dict):
+                raise ValueError(f"{name}={value!r:.60}; allowed: an object or null")
+            put(name, None if value is None else dict(value))
+        if self.scheme == "ar" and self.draft_model is not None:
+            raise ValueError("draft_model set for scheme ar; allowed: null (ar runs no draft)")
 
     # ---- building ----------------------------------------------------------------------------
     @classmethod
     def from_config(cls, cfg, max_new: int, task_prompts: str = "ours") -> "RunSpec":
-        """``task_prompts``: the task's ``prompts`` option as the runner applied it (ours for tasks without it)."""
+        """``task_prompts``: the task's ``prompts`` option as the runner applied it (ours for tasks without it).
+        The model identity (``models.identity.pair_identity``) is computed here, before any weight loads."""
         from . import config as C
+        from .models.identity import IdentityError, pair_identity
 
         m = C.method_of(cfg)
         tree = None
@@ -114,6 +131,13 @@ class RunSpec:
             tree = (f"paths{hashlib.sha1(str([list(p) for p in paths]).encode()).hexdigest()[:8]}" if paths is not None
                     else f"d{m.tree['depth']}-w{m.tree['top_k']}-t{m.tree['total_tokens']}")
         quant = C.draft_quant_of(cfg)
+        uses_draft = m.speculative and m.name in ("sd", "sd_tree")
+        try:
+            model, draft_model = pair_identity(cfg.model, uses_draft=uses_draft,
+                                               uses_head=m.speculative and m.name == "eagle3")
+        except IdentityError as e:
+            raise C.ConfigError(str(e)) from None
+        engine = cfg.get("engine") or {}
         return cls(scheme=m.name, rule=m.rule if m.speculative else "exact", temperature=float(cfg.temperature),
                    top_p=float(cfg.top_p), max_new_tokens=int(max_new), seed=int(cfg.seed),
                    k=m.k if m.name in CHAIN and m.speculative else None, tree=tree,
@@ -124,7 +148,9 @@ class RunSpec:
                    draft_vocab=int(cfg.model.get("draft_vocab", 0) or 0) if quant is not None else 0,
                    batch_size=int(cfg.get("batch_size", 1) or 1), system_prompt=cfg.protocol.system_prompt,
                    budget=cfg.protocol.budget, enable_thinking=cfg.model.enable_thinking, task_prompts=task_prompts,
-                   options=dict(getattr(m, "options", None) or {}))
+                   options=dict(getattr(m, "options", None) or {}), model=model,
+                   draft_model=draft_model if m.speculative else None, engine=engine.get("name", "native"),
+                   engine_version=engine.get("version"))
 
     # ---- run.json ----------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -201,6 +227,8 @@ class RunSpec:
         if self.batch_size > 1:
             parts.append(f"b{self.batch_size}")
         parts += self._protocol_parts()
+        if self.engine != "native":
+            parts.append(self.engine)
         parts += [f"T{_fmt(self.temperature)}", f"p{_fmt(self.top_p)}", f"n{self.max_new_tokens}", f"s{self.seed}"]
         return "-".join(parts)
 
@@ -225,7 +253,8 @@ class RunSpec:
         """The ar run of the same target and settings (speedup, fidelity)."""
         return RunSpec("ar", "exact", self.temperature, self.top_p, self.max_new_tokens, self.seed,
                        batch_size=self.batch_size, system_prompt=self.system_prompt, budget=self.budget,
-                       enable_thinking=self.enable_thinking, task_prompts=self.task_prompts)
+                       enable_thinking=self.enable_thinking, task_prompts=self.task_prompts, model=self.model,
+                       engine=self.engine, engine_version=self.engine_version)
 
     @property
     def lossless(self) -> bool:

@@ -92,7 +92,7 @@ def load_tokenizers(mcfg):
 
 def load_pair(mcfg, need_draft: bool = True) -> Pair:
     """The (target, draft, tokenizer) of a model config; loaded once per process and reused."""
-    key = repr(sorted(dict(mcfg).items()))
+    key = repr(sorted(dict(mcfg).items())) + _weights_key(mcfg)   # weights rewritten in place: another pair
     device, dtype = resolve_device(mcfg.device), resolve_dtype(mcfg.dtype)
     pair = _LOADED.get(key)
     if pair is None:
@@ -115,6 +115,15 @@ def load_pair(mcfg, need_draft: bool = True) -> Pair:
     if need_draft and pair.draft is None and pair.draft_path:   # e.g. an ar job ran first
         pair.draft = load_draft(mcfg, pair)[0]
     return pair
+
+
+def _weights_key(mcfg) -> str:
+    """The identities of the weights a config names (``identity.weights_identity``; cached per file and mtime)."""
+    from .identity import weights_identity
+
+    if mcfg.source != "hf":   # tiny: a function of the config; embedded: pinned files
+        return ""
+    return "|".join(str(weights_identity("hf", ref)) for ref in (mcfg.target, mcfg.draft))
 
 
 def load_draft(mcfg, pair: Pair) -> tuple[CausalLMAdapter, str]:
