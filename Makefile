@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup run test test-slow bench demo reproduce reproduce-full figures clean
+.PHONY: setup run test test-slow bench demo reproduce reproduce-full shard figures clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@# bubblewrap isolates model-written code (HumanEval); without it the sandbox warns loudly
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)) || \
-	  echo "note: bubblewrap not installed; HumanEval code runs with rlimits only (see tasks/humaneval/README.md)"; }
+	  echo "note: bubblewrap not installed; HumanEval code runs with rlimits only (see mars_bench/tasks/specs/humaneval/README.md)"; }
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -39,24 +39,35 @@ demo: $(STAMP)
 # The authors' 100 WMT19 segments with the theta sweep (conf/experiment/study_theta.yaml) and the first 40
 # GSM8K questions, ar / sd / mars 0.9 (study_methods.yaml); <= 60 min on 2 cores with the models cached;
 # rerun resumes either phase. Then the report, and the study's records packed for committing
-# (results/study.tar.xz; `mars-bench-report results/study.tar.xz` recomputes the README's study table).
+# (results/study.tar.xz; `mars-bench-report results/study.tar.xz --no-figures --results-md docs/results.md` rewrites
+# the study table of docs/results.md).
+# A tree with uncommitted changes is refused (its records would say <commit>+dirty): ALLOW_DIRTY=1 to run anyway.
 STUDY_DIR ?= results/study
-# the committed study's draft: 4-bit, the fastest here (the embedded default is q8; README "The CPU study")
+# the committed study's draft: 4-bit, the fastest here (the embedded default is q8; docs/results.md, "The CPU study")
 STUDY_DRAFT ?= model.draft_quant=q4
+ALLOW_DIRTY ?=
+DIRTY_FLAG := $(if $(ALLOW_DIRTY),--allow-dirty,)
 reproduce: $(STAMP)
+	$(BIN)/python -m mars_bench.shards check-clean $(DIRTY_FLAG)
 	$(BIN)/mars-bench +experiment=study_theta task=wmt19_zh_en $(STUDY_DRAFT) results_dir=$(STUDY_DIR)
 	$(BIN)/mars-bench +experiment=study_methods task=gsm8k limit=40 $(STUDY_DRAFT) results_dir=$(STUDY_DIR)
 	$(BIN)/mars-bench-report $(STUDY_DIR) --pack results/study.tar.xz
 
-# The paper's subsets of every benchmark here in study mode: WMT19 100 (theta sweep), GSM8K 121,
-# HumanEval 164, MT-Bench 80 (no judge: speed + fidelity), Alpaca and CNN/DM (the authors' files), ar / sd /
-# mars 0.9; then the T = 1 tree arm (conf/experiment/paper_trees.yaml) on the first 16 WMT19 segments.
-# Projected <= 8 h on 2 cores (docs/reproduce.md gives the projection and what it rests on); resumable.
+# The paper's subsets of every benchmark here in study mode, as named shards (mars_bench/shards.py; `python -m
+# mars_bench.shards list` prints them with their estimated minutes): wmt19 (100, theta sweep, 48 timed), gsm8k
+# (121), humaneval (164), mt_bench (80, no judge: speed + fidelity), alpaca (80), cnn_dm (80), ar / sd / mars
+# 0.9, and trees (the T = 1 tree arm, WMT19 segments 1-16). Each shard runs in results/shards/<name>/ and, when
+# finished, writes its pack results/study/<name>.tar.xz (commit those); rerunning resumes an interrupted shard
+# and skips the packed ones, so the study can be spread over sittings: `make shard SHARD=gsm8k` runs one. The
+# report reads whichever packs exist and names the shards missing.
+SHARD ?=
 reproduce-full: $(STAMP)
-	$(BIN)/mars-bench +experiment=study_theta task=wmt19_zh_en $(STUDY_DRAFT) results_dir=$(STUDY_DIR)
-	$(BIN)/mars-bench --multirun +experiment=study_methods task=gsm8k,humaneval,mt_bench,alpaca,cnn_dm $(STUDY_DRAFT) results_dir=$(STUDY_DIR)
-	$(BIN)/mars-bench +experiment=paper_trees task=wmt19_zh_en limit=16 results_dir=$(STUDY_DIR)
-	$(BIN)/mars-bench-report $(STUDY_DIR)
+	$(BIN)/python -m mars_bench.shards run --all $(DIRTY_FLAG)
+	$(BIN)/mars-bench-report results/study/*.tar.xz --out results/study/report-full
+
+shard: $(STAMP)
+	$(BIN)/python -m mars_bench.shards run $(SHARD) $(DIRTY_FLAG)
+	$(BIN)/mars-bench-report results/study/*.tar.xz --out results/study/report-full
 
 # Tables (md/csv/tex) and figures (png/pdf) of everything under results/ -> results/report/
 figures: $(STAMP)

@@ -11,6 +11,8 @@ from dataclasses import MISSING, asdict, dataclass, field
 from typing import Any, Optional
 
 from .decode.rules import RULES
+from .errors import ConfigError  # noqa: F401 (raised here; defined low so models/ can raise it)
+from .models.schemes import DRAFT_QUANT_SCHEME
 from .stats import StatsSettings
 from .decode.tree.build import TreeSpec
 from .decode.types import (BUDGET_RULES, CHAIN, DEFAULT_K, DRAFT_MODEL, METHOD_NAMES, OPTIONS, TREE, DecodeConfig, Method,
@@ -20,15 +22,7 @@ from .system_prompts import SYSTEM_PROMPTS
 SOURCES = ("tiny", "embedded", "hf")
 DEVICES = ("cpu", "cuda", "auto")
 DRAFT_QUANT = ("none", "int8", "q8", "q4")
-# What records and run tags call a draft quantization: int8 runs per-row activation scales
-# (models/fastpath.Int8Linear), recorded as int8row; tag "draftint8" marks older per-call-scale runs.
-# q8 / q4: 8- / 4-bit codes with an fp16 scale per 32 weights (models/quant.py, AVX512-VNNI).
-DRAFT_QUANT_SCHEME = {"none": "none", "int8": "int8row", "q8": "q8g32", "q4": "q4g32"}
 RULE_ALIASES = ("theta", "nonpositive_top1", "sampled_top1")   # method.<x> = rule.<x>, the releases before the rule axis
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; the message is one line."""
 
 
 @dataclass
@@ -40,6 +34,9 @@ class ModelConfig:
     dtype: str = "fp32"             # fp32 | bf16 | fp16
     device: str = "auto"            # cpu | cuda | auto (cuda when available)
     device_map: Optional[str] = None  # e.g. "auto" to shard a large target over several GPUs
+    allow_offload: bool = False     # device_map: let accelerate put layers in host RAM / on disk (else refused)
+    capture: str = "off"            # off | compile: torch.compile(mode="reduce-overhead") of the models' forwards
+    #                                 (CUDA graphs; cuda only, unmeasured until a GPU run chooses it: issue 32)
     cache_dir: Optional[str] = None   # embedded: converted-model cache (null: $MARS_BENCH_CACHE or ~/.cache/mars-bench)
     fast_path: str = "auto"         # CPU fast path: auto (on for cpu) | on (best kernel: AVX-512 panel, else MKL) | mkl | off
     draft_quant: str = "none"       # none | int8 (fbgemm) | q8 | q4 (group-32 codes, VNNI kernel): the draft's linears
@@ -125,6 +122,22 @@ class StudyConfig:
 
 
 @dataclass
+class EngineConfig:
+    """What decodes a job's samples (conf/engine/): native (this package's loop) | vllm (vLLM's offline LLM,
+    mars_bench/engines/vllm.py, docs/vllm.md). The vllm settings are vLLM's own, passed to ``LLM``."""
+    name: str = "native"            # native | vllm
+    version: Optional[str] = None   # vllm: the installed vLLM's version, filled when the run is validated
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: Optional[str] = None   # mp | ray | null (vLLM's choice)
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: Optional[int] = None   # requests in flight at once; null = batch_size
+    max_model_len: Optional[int] = None   # null = the model's own context length (CPU: at most 4096)
+    enforce_eager: bool = True      # no CUDA graphs / torch.compile (CPU: required here)
+    kv_cache_gib: float = 1.0       # CPU: VLLM_CPU_KVCACHE_SPACE (GiB of KV cache)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
@@ -146,6 +159,7 @@ class Config:
     stats: Any = field(default_factory=lambda: asdict(StatsSettings()))  # intervals and tests: defaults in stats.py
     interleave: Any = field(default_factory=list)  # methods decoded interleaved: a list of override lists (conf/compare/)
     study: StudyConfig = field(default_factory=StudyConfig)   # quality batched + speed timed at B = 1 (off by default)
+    engine: EngineConfig = field(default_factory=EngineConfig)   # conf/engine/: native | vllm
 
 
 def register() -> None:
@@ -242,6 +256,21 @@ def validate(cfg: Any) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     validate_run_settings(cfg)   # ranges the types do not bound (defined at the bottom)
+    validate_engine(cfg)
+
+
+def validate_engine(cfg: Any) -> None:
+    """engine.*: native, or vllm with what vLLM can run (engines/vllm.check; fills engine.version)."""
+    e = cfg.get("engine")
+    if e is None or e.name == "native":
+        return
+    _one_of("engine.name", e.name, ("native", "vllm"))
+    from .engines.vllm import check
+
+    try:
+        e.version = check(cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def validate_study(cfg: Any) -> None:

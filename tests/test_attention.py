@@ -10,6 +10,8 @@ from mars_bench.models import fastpath, panel
 from mars_bench.models.adapter import CausalLMAdapter
 from mars_bench.models.attention import NAME, rowwise_attention
 
+from .kernels import family_params, use_family
+
 H, H_KV, D = 12, 2, 128     # the embedded target's attention geometry
 
 
@@ -91,11 +93,12 @@ def test_the_fast_path_switches_the_model_to_it_and_scores_rows_alike():
     assert torch.equal(together, torch.cat([a.forward([t]) for t in new]))
 
 
-def test_kernel_and_transformers_rows_agree_and_the_kernel_serves_fp32_only(module):
-    """Where the panel library is built every fp32 row takes one C call (rows_attention); other dtypes take
-    transformers' SDPA row by row. On the same inputs the two agree (float64 SDPA as the reference)."""
-    if panel.library() is None:
-        pytest.skip(f"panel kernel unavailable here: {panel.unavailable()}")
+@pytest.mark.parametrize("family", family_params())
+def test_kernel_and_transformers_rows_agree_and_the_kernel_serves_fp32_only(module, family, monkeypatch):
+    """Where the panel library is built (each family: 16-lane AVX-512 or 8-lane AVX2 sums) every fp32 row takes
+    one C call (rows_attention); other dtypes take transformers' SDPA row by row. On the same inputs the two
+    agree (float64 SDPA as the reference), and a row's result is the same alone or among others."""
+    use_family(monkeypatch, family)
     from mars_bench.models import attention
 
     query, key, value = qkv(2, 5, 80, seed=3)
@@ -108,3 +111,11 @@ def test_kernel_and_transformers_rows_agree_and_the_kernel_serves_fp32_only(modu
         assert torch.equal(out, attention._rows_c(lib, module, query, key, value, mask, D ** -0.5))
         ref, _ = rowwise_attention(module, query.double(), key.double(), value.double(), mask, scaling=D ** -0.5)
         torch.testing.assert_close(out, ref.float(), atol=2e-6, rtol=1e-5)
+        for i, j in ((0, 0), (1, 3)):        # one row alone gives the same bits (ragged 8- and 16-lane key tails)
+            if mask is None:                  # causal, the new rows last: row j sees the first 76 + j keys
+                one, _ = rowwise_attention(module, query[i:i + 1, :, j:j + 1], key[i:i + 1, :, :76 + j],
+                                           value[i:i + 1, :, :76 + j], None, scaling=D ** -0.5)
+            else:
+                one, _ = rowwise_attention(module, query[i:i + 1, :, j:j + 1], key[i:i + 1], value[i:i + 1],
+                                           mask[i:i + 1, :, j:j + 1], scaling=D ** -0.5)
+            assert torch.equal(one[0, 0], out[i, j]), (i, j)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mars_bench.decode import DecodeConfig, Method, generate
-from mars_bench.decode.backend import check_memory
+from mars_bench.decode.backend import cached_columns, check_memory
 from mars_bench.decode.engine import Batch, Request
 from mars_bench.decode.generate import generate_batch
 from mars_bench.tags import RunTag
@@ -188,10 +188,12 @@ def test_memory_check_names_the_largest_batch_that_fits(tiny):
     per_tok = target.kv_bytes_per_token() + draft.kv_bytes_per_token()
     c = target.model.config
     assert target.kv_bytes_per_token() == 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
-    per_row = per_tok * (100 + 32) + 2 * 5 * draft.out_vocab * 4
-    check_memory([target, draft], 8, 100, 5, available=int(per_row * 8 / 0.9) + 10)      # fits
-    with pytest.raises(ValueError, match=r"batch_size=8 .*largest batch that fits is batch_size=3$"):
-        check_memory([target, draft], 8, 100, 5, available=int(per_row * 3.5 / 0.9))
+    cols = cached_columns(100)          # compaction slack and spare buffer columns
+    assert cols > 100 + 32
+    per_row, once = per_tok * cols + 2 * 5 * draft.out_vocab * 4, per_tok * cols    # once: the prefill copy
+    check_memory([target, draft], 8, 100, 5, available=int((per_row * 8 + once) / 0.9) + 10)      # fits
+    with pytest.raises(ValueError, match=r"batch_size=8 .*on cpu .*largest batch that fits is batch_size=3$"):
+        check_memory([target, draft], 8, 100, 5, available=int((per_row * 3.5 + once) / 0.9))
     with pytest.raises(ValueError, match=r"not even batch_size=1"):
         check_memory([target, None], 2, 100, 5, available=1000)
 

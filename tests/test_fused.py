@@ -13,8 +13,16 @@ from mars_bench.models.adapter import CausalLMAdapter
 from mars_bench.models.tiny import tiny_pair
 
 from .conftest import EOS, MAX_NEW
+from .kernels import family_params, use_family
 
 pytestmark = pytest.mark.skipif(not quant.available(), reason=f"quantized kernel unavailable: {quant.unavailable()}")
+
+
+@pytest.fixture(autouse=True, params=family_params())
+def family(request, monkeypatch):
+    """Every test in each kernel family this CPU runs (VNNI and AVX2 on an AVX512-VNNI machine)."""
+    use_family(monkeypatch, request.param)
+    return request.param
 
 
 def drafts(scheme="q4"):

@@ -8,23 +8,26 @@ import torch
 
 from mars_bench import config as C
 from mars_bench.decode import DecodeConfig, Method, generate
-from mars_bench.models import quant
+from mars_bench.models import panel, quant
 from mars_bench.models.adapter import CausalLMAdapter
 from mars_bench.models.pairs import draft_vocab_ids, trim_head
 from mars_bench.models.tiny import tiny_pair, tiny_tokenizer
 
 from .conftest import EOS, MAX_NEW
+from .kernels import FAMILIES, family_params, use_family
 
 needs_vnni = pytest.mark.skipif(not quant.available(), reason=f"no quant kernel here: {quant.unavailable()}")
 
 
-@needs_vnni
+@pytest.mark.parametrize("family", family_params())
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("out_f,in_f,bias", [(200, 96, True), (64, 256, False), (1000, 32, True)])
-def test_kernel_equals_its_float64_reference(bits, out_f, in_f, bias):
+def test_kernel_equals_its_float64_reference(bits, out_f, in_f, bias, family, monkeypatch):
+    use_family(monkeypatch, family)
     torch.manual_seed(bits + out_f)
     lin = torch.nn.Linear(in_f, out_f, bias=bias)
     ql = quant.QuantLinear(lin, bits)
+    assert ql.kernel == f"q{bits}g32-" + ("avx2" if family == "avx2" else quant.kind())
     pad = ql.n_pad - out_f
     w = torch.cat([lin.weight, lin.weight.new_zeros(pad, in_f)])
     codes, scales = quant.quantize(w, bits)
@@ -40,9 +43,10 @@ def test_kernel_equals_its_float64_reference(bits, out_f, in_f, bias):
         assert 1e-5 < rel < (0.15 if bits == 4 else 0.01), rel
 
 
-@needs_vnni
+@pytest.mark.parametrize("family", family_params())
 @pytest.mark.parametrize("bits", [4, 8])
-def test_rows_do_not_depend_on_the_other_rows_of_the_call(bits):
+def test_rows_do_not_depend_on_the_other_rows_of_the_call(bits, family, monkeypatch):
+    use_family(monkeypatch, family)
     torch.manual_seed(2)
     ql = quant.QuantLinear(torch.nn.Linear(192, 700), bits)
     x = torch.randn(9, 192)
@@ -62,6 +66,32 @@ def test_rows_do_not_depend_on_the_other_rows_of_the_call(bits):
 
 
 C_THREADS = torch.get_num_threads()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_avx2_and_vnni_kernels_give_equal_results(bits, monkeypatch):
+    """Their layouts differ but the group sums are exact integers and the fp32 steps after them are the same."""
+    if "avx512" not in FAMILIES or "avx512_vnni" not in panel.cpu()[1] or "avx2" not in FAMILIES:
+        pytest.skip("needs both the AVX512-VNNI and the AVX2 kernel")
+    torch.manual_seed(bits)
+    lin, x = torch.nn.Linear(256, 96), torch.randn(7, 256)
+    out = {}
+    for family in ("avx512", "avx2"):
+        use_family(monkeypatch, family)
+        with torch.no_grad():
+            out[quant.kind()] = quant.QuantLinear(lin, bits)(x)
+    assert set(out) == {"vnni", "avx2"} and torch.equal(out["vnni"], out["avx2"])
+
+
+def test_the_layouts_hold_every_code_once():
+    codes = torch.arange(64 * 64, dtype=torch.int64).reshape(64, 64) % 251
+    scales = torch.ones(64, 2, dtype=torch.float16)
+    for layout in ("vnni", "avx2"):
+        packed = quant.pack(codes.to(torch.uint8), scales, 8, layout)
+        assert packed.shape == (2, 2, 1024 + 64)
+        assert sorted(packed[..., :1024].flatten().tolist()) == sorted(codes.flatten().tolist())
+    with pytest.raises(ValueError, match=r"^layout='neon'; allowed: vnni, avx2$"):
+        quant.pack(codes.to(torch.uint8), scales, 8, "neon")
 
 
 def test_codes_span_their_range_and_scales_reproduce_the_weight():

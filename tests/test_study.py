@@ -58,7 +58,8 @@ def test_study_phases_records_resume_and_table(tmp_path):
     rows = {r["method"]: r for r in table.rows}
     assert sorted(rows) == ["ar", "mars", "sd"]
     mars = rows["mars"]
-    assert rows["ar"]["n_quality"] == 6 and mars["n_quality"] == 6 and rows["sd"]["n_quality"] == 6
+    assert rows["ar"]["n_quality"] == 6 and mars["n_quality"] == 6
+    assert rows["sd"]["n_quality"] is None and rows["sd"]["source"].startswith("not decoded: ar's")   # only timed
     assert rows["sd"]["n_timed"] == len(ids) and rows["sd"]["speedup"] is not None
     assert rows["ar"]["metric"].startswith("accuracy") and rows["ar"]["quality"] is not None
     assert rows["sd"]["quality"] == rows["ar"]["quality"]        # sd's quality is ar's (its tokens are)

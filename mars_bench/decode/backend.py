@@ -40,9 +40,9 @@ def fork(model):
 def tree_inputs(tree, base: int, device, model=None) -> dict:
     """``forward`` keywords scoring a draft tree's tokens after ``base`` cached ones on a single sequence:
     a 4-D additive mask (committed prefix, ancestors, itself) and position ids base + depth."""
-    from .tree.mask import additive_mask
+    from .tree.mask import additive_mask, ancestors
 
-    anc = tree.ancestors().to(device)
+    anc = ancestors(tree.parents, device, tree.max_depth)
     allowed = torch.cat([torch.ones(len(tree.tokens), base, dtype=torch.bool, device=device), anc], 1)
     return {"attention_mask": additive_mask(allowed, model),
             "position_ids": (base + torch.tensor(tree.depths, device=device))[None]}
@@ -84,7 +84,8 @@ class RowByRow:
                 hs.append(None)
                 continue
             kw = tree_inputs(tree, m.cache_len, self.device, getattr(m, "model", None)) if tree is not None else {}
-            out = self._timed(m, list(t), hidden_states=hidden_states, **kw)
+            t = t.tolist() if isinstance(t, torch.Tensor) else list(t)    # single-sequence models take ids
+            out = self._timed(m, t, hidden_states=hidden_states, **kw)
             z, h = out if hidden_states else (out, None)
             zs.append(z)
             hs.append(h)
@@ -109,32 +110,55 @@ class RowByRow:
 
 
 def check_memory(models, batch_size: int, tokens_per_row: int, rows_per_forward: int,
-                 available: int | None = None) -> None:
-    """ValueError (one line, naming the largest batch that fits) when ``batch_size`` rows of
-    ``tokens_per_row`` cached tokens in every model, plus one forward's logits, exceed
-    MEMORY_FRACTION of the free memory of the target's device (``available`` bytes, if given)."""
+                 available: int | dict | None = None) -> None:
+    """ValueError (one line, naming the device and the largest batch that fits) when a batch does not fit in
+    MEMORY_FRACTION of the free memory of every device it uses: per device, ``batch_size`` rows of
+    ``tokens_per_row`` cached tokens in the layers each model keeps there (``kv_bytes_by_device``), grown as
+    the cache grows (``cached_columns``: compaction slack, then spare buffer columns), plus one more row while a
+    prompt's prefill cache is copied into the batch, plus one forward's logits (model output and fp32 copy) on
+    the logits' device. ``available``: free bytes (one number for every device, or {device: bytes})."""
+    cols, gib = cached_columns(tokens_per_row), 2 ** 30
+    for dev, (per_row, once) in memory_need(models, tokens_per_row, rows_per_forward).items():
+        free = available.get(dev, 0) if isinstance(available, dict) else available
+        free = free if free is not None else free_memory(dev)
+        budget = int(free * MEMORY_FRACTION)
+        if per_row * batch_size + once <= budget:
+            continue
+        fits = (budget - once) // per_row if per_row else 0
+        raise ValueError(
+            f"batch_size={batch_size} needs ~{(per_row * batch_size + once) / gib:.2f} GiB on {dev} (KV cache of "
+            f"{tokens_per_row} tokens grown to {cols} columns, logits, a prefill copy: {per_row / 2 ** 20:.1f} MiB "
+            f"a row) but {MEMORY_FRACTION:.0%} of its free memory is {budget / gib:.2f} GiB; the largest batch that "
+            "fits is " + (f"batch_size={fits}" if fits >= 1 else "none (not even batch_size=1)"))
+
+
+def memory_need(models, tokens_per_row: int, rows_per_forward: int) -> dict:
+    """{device: (bytes per batch row, bytes once)} of ``check_memory``: KV of the layers each model keeps on the
+    device over ``cached_columns`` columns per row, one forward's logits (a row's) on the logits' device, and
+    once a row's cache again (the prefill copy)."""
     models = [m for m in models if m is not None]
-    device = models[0].device
-    free = available if available is not None else free_memory(device)
-    kv = sum(m.kv_bytes_per_token() for m in models) * (tokens_per_row + _slack())
-    logits = 2 * rows_per_forward * max(m.out_vocab for m in models) * 4    # model output + fp32 copy
-    per_row = kv + logits
-    budget = int(free * MEMORY_FRACTION)
-    if per_row * batch_size <= budget:
-        return
-    fits = budget // per_row
-    gib = 2 ** 30
-    raise ValueError(
-        f"batch_size={batch_size} needs ~{per_row * batch_size / gib:.2f} GiB (KV cache of {tokens_per_row} tokens "
-        f"and logits per row, {per_row / 2 ** 20:.1f} MiB a row) but {MEMORY_FRACTION:.0%} of the free "
-        f"{device.type} memory is {budget / gib:.2f} GiB; the largest batch that fits is "
-        + (f"batch_size={fits}" if fits >= 1 else "none (not even batch_size=1)"))
+    cols = cached_columns(tokens_per_row)
+    need: dict = {}
+    for m in models:
+        for dev, per_token in m.kv_bytes_by_device().items():
+            row = per_token * cols
+            per_row, once = need.get(dev, (0, 0))
+            need[dev] = (per_row + row, once + row)
+    logits = 2 * rows_per_forward * max(m.out_vocab for m in models) * 4     # model output + fp32 copy
+    dev = models[0].logits_device
+    per_row, once = need.get(dev, (0, 0))
+    need[dev] = (per_row + logits, once)
+    return need
 
 
-def _slack() -> int:
+def cached_columns(tokens: int) -> int:
+    """Columns a row's cache may hold for ``tokens`` committed ones: the batched cache compacts only past
+    COMPACT_SLACK unused columns, and an in-place buffer (models.kvcache) grows with spare columns."""
     from ..models.adapter import COMPACT_SLACK
+    from ..models.kvcache import SPARE
 
-    return COMPACT_SLACK
+    width = tokens + COMPACT_SLACK
+    return width + max(SPARE, width // 2)
 
 
 def free_memory(device: torch.device) -> int:

@@ -41,7 +41,7 @@ import torch
 
 from . import sampling
 from .backend import as_backend
-from .proposers.base import make_proposer
+from .proposers.factory import make_proposer
 from .rules import get_rule, verify_chain
 from .tree.verify import verify_greedy, verify_sampled
 from .types import TREE, DecodeConfig, DecodeResult, Method, Stopper
@@ -144,7 +144,7 @@ class Batch:
             return [[sampling.next_token(z[b][-1], cfg.temperature, cfg.top_p, r.gen)] for b, r in enumerate(rows)]
         props = proposer.propose(rows, [cfg.draft_len(proposer.most, len(r.res.tokens)) for r in rows])
         trees = [p.tree for p in props] if proposer.kind == "tree" else None
-        feeds = [[r.seq[-1]] + p.tokens for r, p in zip(rows, props)]
+        feeds = [_feed(r.seq[-1], p.tokens, target.device) for r, p in zip(rows, props)]
         out = target.batch_forward(feeds, trees, self.hidden) if trees or self.hidden else target.batch_forward(feeds)
         z, hs = out if self.hidden else (out, None)
         verdicts, committed = [], []
@@ -201,14 +201,21 @@ def decode(target, draft, tokenizer, requests: Iterable[Request], method: Method
 def _verify(rule, p, z: torch.Tensor, cfg: DecodeConfig, gen, settings: dict):
     """(verdict, committed tokens) of one row's proposal against its logits."""
     if p.tree is None:
-        d = torch.tensor(p.tokens, dtype=torch.long, device=z.device)
+        d = torch.as_tensor(p.tokens, dtype=torch.long).to(z.device)
         v = verify_chain(rule, d, z, p.q, cfg.temperature, cfg.top_p, gen, **settings)
-        return v, p.tokens[: v.n_accepted] + [v.next_token]
+        return v, v.accepted_tokens + [v.next_token]
     if cfg.temperature == 0.0:
         v = verify_greedy(rule, p.tree, z, **settings)
     else:
         v = verify_sampled(rule, p.tree, z, cfg.temperature, cfg.top_p, gen, **settings)
     return v, [p.tree.tokens[j] for j in v.path] + [v.next_token]
+
+
+def _feed(last: int, drafts, device):
+    """What the target scores for a row: its newest token, then the drafts (a list, or a tensor left on the device)."""
+    if isinstance(drafts, torch.Tensor):
+        return torch.cat([torch.tensor([last], dtype=torch.long, device=device), drafts.to(device)])
+    return [last] + drafts
 
 
 def _audit(res: DecodeResult, p, v, committed) -> None:

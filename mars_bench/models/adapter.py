@@ -10,7 +10,9 @@ Batched decoding (``decode.batch``) uses a second cache, one for the whole batch
 alone exactly as at batch size 1), ``batch_forward`` (each row appends its own number of tokens),
 ``batch_crop`` (each row rolled back to its own length) and ``batch_select`` (drop finished rows).
 Layout: the cache tensors are [B, heads, W, dim] for a common width W; ``bvalid`` [B, W] says which
-columns hold a row's committed tokens (in position order), so row b's length is ``bvalid[b].sum()``.
+columns hold a row's committed tokens (in position order), so row b's length is ``bvalid[b].sum()``;
+``bcols`` keeps the same on the host (row b's valid column indices), so lengths, trims and crops never read
+the device (each read is a sync on CUDA).
 A forward appends n_max columns to every row: row b's n_b tokens take the first n_b of them and the
 rest are padding, masked out (attention mask) and never valid. Position ids are per row (its length
 + i), so each row sees exactly its own sequence. Rolled-back and padding columns are dropped from the
@@ -25,6 +27,8 @@ import inspect
 import time
 
 import torch
+
+from ..decode.tree.mask import ancestors
 
 COMPACT_SLACK = 32       # batched cache: unused columns tolerated beyond the longest row before compacting
 FUSED_MAX = 32           # single-sequence forwards of at most this many tokens take the fused draft path (not prefill)
@@ -46,6 +50,7 @@ class BatchCacheMixin:
     def batch_reset(self, rows: int) -> None:
         self.bcache = self._cache_cls(config=self.model.config)
         self.bvalid = torch.zeros(rows, 0, dtype=torch.bool, device=self.device)
+        self.bcols: list[list[int]] = [[] for _ in range(rows)]   # host copy of bvalid: each row's valid columns
 
     @property
     def batch_rows(self) -> int:
@@ -57,8 +62,8 @@ class BatchCacheMixin:
 
     @property
     def batch_lens(self) -> list[int]:
-        """Committed tokens cached per row."""
-        return self.bvalid.sum(1).tolist()
+        """Committed tokens cached per row (from the host copy: no device read)."""
+        return [len(c) for c in self.bcols]
 
     def _layers(self):
         return [layer for layer in self.bcache.layers if getattr(layer, "is_initialized", False)]
@@ -83,6 +88,7 @@ class BatchCacheMixin:
         ``hidden_states=True`` returns the forward's per-layer hidden states (None for no tokens)."""
         tokens = list(tokens)
         self.bvalid[row] = False
+        self.bcols[row] = list(range(len(tokens)))
         if not tokens:
             return None
         self.reset()
@@ -110,19 +116,20 @@ class BatchCacheMixin:
         (position offset from the row's length). A tree token attends to the committed sequence, its
         ancestors and itself, at position length + depth (``batch_keep`` then keeps the accepted path).
         ``hidden_states=True``: also the per-layer hidden states, per row a tuple of [1, n_b, H]."""
-        rows, n = self.batch_rows, max((len(t) for t in tokens), default=0)
+        rows, n, counts = self.batch_rows, max((len(t) for t in tokens), default=0), [len(t) for t in tokens]
         if len(tokens) != rows:
             raise ValueError(f"batch_forward got {len(tokens)} rows; the batched cache has {rows}")
         if n == 0:
             empty = [torch.empty(0, self.out_vocab, device=self.device) for _ in tokens]
             return (empty, [None] * rows) if hidden_states else empty
-        width, lens = self.batch_width, self.bvalid.sum(1)
+        width, held = self.batch_width, self.batch_lens
+        lens = torch.tensor(held, device=self.device)
         # one row, a plain chain over a gap-free cache: the causal default, exactly the single-sequence forward
-        trees_or_holes = any(t is not None for t in (trees or [])) or not bool(self.bvalid.all())
-        count = torch.tensor([len(t) for t in tokens], device=self.device)
+        trees_or_holes = any(t is not None for t in (trees or [])) or any(h != width for h in held)
+        count = torch.tensor(counts, device=self.device)
         if self.fused is not None and width and not hidden_states and not any(t is not None for t in (trees or [])):
             return self._fused_forward(tokens, width, lens, count)
-        ids = torch.tensor([list(t) + [PAD_ID] * (n - len(t)) for t in tokens], dtype=torch.long, device=self.device)
+        ids = _padded_ids(tokens, n, self.device)
         new_ok = torch.arange(n, device=self.device)[None] < count[:, None]                # [B, n]
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         own = (causal[None] & new_ok[:, None, :]).clone()                                 # real new tokens
@@ -130,7 +137,7 @@ class BatchCacheMixin:
         for b, tree in enumerate(trees or []):
             if tree is not None and len(tokens[b]):
                 m = len(tokens[b])
-                own[b, :m, :m] = _ancestors(tree.parents[:m], self.device)
+                own[b, :m, :m] = ancestors(tree.parents[:m], self.device, max(tree.depths[:m]))
                 offset[b, :m] = torch.tensor(tree.depths[:m], device=self.device)
         own |= torch.eye(n, dtype=torch.bool, device=self.device)[None]                  # padding sees itself: no empty row
         pos = lens[:, None] + offset
@@ -147,7 +154,8 @@ class BatchCacheMixin:
         with self._timed():
             out = self.model(input_ids=ids, **kwargs)
             z = out.logits.float()
-        self._fed = (width, count.tolist())
+        self._fed = (width, counts)
+        self._append_cols(width, counts)
         self.bvalid = torch.cat([self.bvalid, new_ok], 1)
         z = self._widen_logits(z)
         zs = [z[b, : len(t)] for b, t in enumerate(tokens)]
@@ -160,9 +168,10 @@ class BatchCacheMixin:
         len_b + i and cache column width + i, attending to the row's valid columns and its new ones up to i."""
         ids, rows, index, keys = [], [], [], []
         for b, t in enumerate(tokens):
-            if not t:
+            if not len(t):
                 continue
-            held = torch.arange(width) if bool(self.bvalid[b].all()) else self.bvalid[b].nonzero().squeeze(1).cpu()
+            t = t.tolist() if isinstance(t, torch.Tensor) else list(t)     # the fused path runs on the CPU
+            held = torch.tensor(self.bcols[b], dtype=torch.long)
             ids += t
             rows += [b] * len(t)
             index += range(len(t))
@@ -171,8 +180,10 @@ class BatchCacheMixin:
         with self._timed():
             z = self.fused.forward(self.bcache, torch.tensor(ids, device=self.device), lens[rows_t] + index_t, rows_t,
                                    width + index_t, *_flat(keys), width)
-        n = int(count.max())
-        self._fed = (width, count.tolist())
+        counts = [len(t) for t in tokens]
+        n = max(counts)
+        self._fed = (width, counts)
+        self._append_cols(width, counts)
         self.bvalid = torch.cat([self.bvalid, torch.arange(n, device=self.device)[None] < count[:, None]], 1)
         z = self._widen_logits(z)
         parts, at = [], 0
@@ -190,31 +201,35 @@ class BatchCacheMixin:
             drop = sorted(set(range(n)) - set(idx))
             if drop:
                 self.bvalid[b, torch.tensor(drop, device=self.device) + start] = False
+                cols, gone = self.bcols[b], {start + i for i in drop}
+                cols[len(cols) - n:] = [c for c in cols[len(cols) - n:] if c not in gone]   # the fed ones are last
         self._trim()
 
     @torch.inference_mode()
     def batch_crop(self, lengths: list[int]) -> None:
         """Roll row b back to its first ``lengths[b]`` committed tokens; then drop columns no row uses."""
         for b, length in enumerate(lengths):
-            cols = self.bvalid[b].nonzero().squeeze(-1)
-            if length < cols.numel():
-                self.bvalid[b, cols[length:]] = False
+            cols = self.bcols[b]
+            if length < len(cols):
+                self.bvalid[b, torch.tensor(cols[length:], dtype=torch.long, device=self.device)] = False
+                del cols[length:]
         self._trim()
 
     @torch.inference_mode()
     def batch_select(self, rows: list[int]) -> None:
         """Keep only these rows (by index, in this order): finished rows leave the batch."""
-        index = torch.as_tensor(rows, dtype=torch.long, device=self.device)
+        index = torch.as_tensor(rows, dtype=torch.long)
+        on = _per_device(index)           # device_map over several GPUs: each layer's index on its own device
         for layer in self._layers():
-            layer.keys = layer.keys.index_select(0, index)
-            layer.values = layer.values.index_select(0, index)
-        self.bvalid = self.bvalid.index_select(0, index)
+            layer.keys = layer.keys.index_select(0, on(layer.keys.device))
+            layer.values = layer.values.index_select(0, on(layer.values.device))
+        self.bvalid = self.bvalid.index_select(0, on(self.bvalid.device))
+        self.bcols = [self.bcols[b] for b in rows]
         self._trim()
 
     @torch.inference_mode()
     def _trim(self) -> None:
-        used = self.bvalid.any(0).nonzero()
-        end = int(used[-1]) + 1 if used.numel() else 0
+        end = max((c[-1] + 1 for c in self.bcols if c), default=0)
         if end < self.batch_width:
             for layer in self._layers():
                 layer.keys, layer.values = layer.keys[:, :, :end], layer.values[:, :, :end]
@@ -225,14 +240,38 @@ class BatchCacheMixin:
     @torch.inference_mode()
     def batch_compact(self) -> None:
         """Gather each row's valid columns to the front (index selection): width = the longest row."""
-        lens = self.bvalid.sum(1)
-        width = int(lens.max()) if lens.numel() else 0
+        held = self.batch_lens
+        lens, width = torch.tensor(held, dtype=torch.long, device=self.device), max(held, default=0)
         # stable sort puts valid columns first, in position order; padding columns follow
         order = torch.sort((~self.bvalid).to(torch.int8), dim=1, stable=True).indices[:, :width]
+        on = _per_device(order)
         for layer in self._layers():
-            idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-            layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
+            idx = on(layer.keys.device)[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx.to(layer.values.device))
         self.bvalid = torch.arange(width, device=self.device)[None] < lens[:, None]
+        self.bcols = [list(range(h)) for h in held]
+
+    def _append_cols(self, width: int, counts: list[int]) -> None:
+        for cols, c in zip(self.bcols, counts):
+            cols.extend(range(width, width + c))
+
+    def kv_bytes_by_device(self) -> dict:
+        """{device: KV-cache bytes one cached token takes in the decoder layers placed there} (several devices
+        when a device_map shards the model; layers found as ``model.model.layers``, else all on ``device``)."""
+        layers = getattr(getattr(self.model, "model", None), "layers", None)
+        if layers is None or not len(layers):
+            return {self.device: self.kv_bytes_per_token()}
+        per_layer = self.kv_bytes_per_token() // len(layers)
+        out: dict = {}
+        for layer in layers:
+            dev = next(layer.parameters()).device
+            out[dev] = out.get(dev, 0) + per_layer
+        return out
+
+    @property
+    def logits_device(self) -> torch.device:
+        """Where the raw logits come out: the LM head's device (the last GPU of a sharded model)."""
+        return self.model.get_output_embeddings().weight.device
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one cached token takes (every layer, keys and values), from the model config."""
@@ -271,6 +310,7 @@ class CausalLMAdapter(BatchCacheMixin):
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.cache = None
         self.bcache, self.bvalid = None, None   # batched cache and its [B, W] valid-column mask
+        self.bcols: list[list[int]] = []         # bvalid on the host: each row's valid columns, ascending
         self.fused = None         # a models.fused.FusedDraft: batched chain forwards in one C call per layer
         self.forward_s = 0.0      # accumulated wall seconds inside forward()
         self.n_forwards = 0
@@ -282,7 +322,7 @@ class CausalLMAdapter(BatchCacheMixin):
         """Another adapter over the same weights with its own (empty) caches: one per sequence where a
         drafter keeps per-sequence state (tree drafting at batch size > 1)."""
         twin = copy.copy(self)
-        twin.bcache, twin.bvalid, twin.forward_s, twin.n_forwards = None, None, 0.0, 0
+        twin.bcache, twin.bvalid, twin.bcols, twin.forward_s, twin.n_forwards = None, None, [], 0.0, 0
         twin.reset()
         return twin
 
@@ -302,10 +342,10 @@ class CausalLMAdapter(BatchCacheMixin):
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only the cached positions in ``index`` (ascending), in that order."""
-        index = index.to(self.device)
+        on = _per_device(index)
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(-2, index)
-            layer.values = layer.values.index_select(-2, index)
+            layer.keys = layer.keys.index_select(-2, on(layer.keys.device))
+            layer.values = layer.values.index_select(-2, on(layer.values.device))
 
     def expect(self, n_tokens: int) -> None:
         """Hint: most forwards will score ``n_tokens`` tokens (k + 1 when verifying, 1 when drafting)."""
@@ -374,6 +414,25 @@ class CausalLMAdapter(BatchCacheMixin):
         return (z, out.hidden_states) if hidden_states else z
 
 
+def _padded_ids(tokens: list, n: int, device) -> torch.Tensor:
+    """[B, n] ids: row b's tokens (a list of ints or a LongTensor already on a device) then PAD_ID."""
+    if not any(isinstance(t, torch.Tensor) for t in tokens):
+        return torch.tensor([list(t) + [PAD_ID] * (n - len(t)) for t in tokens], dtype=torch.long, device=device)
+    rows = [torch.as_tensor(t, dtype=torch.long).to(device) for t in tokens]
+    return torch.stack([torch.nn.functional.pad(r, (0, n - len(r)), value=PAD_ID) for r in rows])
+
+
+def _per_device(index: torch.Tensor):
+    """``on(device)``: ``index`` on that device, copied once per device (a sharded model's layers live on several)."""
+    copies = {index.device: index}
+
+    def on(device: torch.device) -> torch.Tensor:
+        if device not in copies:
+            copies[device] = index.to(device)
+        return copies[device]
+    return on
+
+
 def _chain_keys(held: torch.Tensor, width: int, n: int) -> list[torch.Tensor]:
     """Cache columns each of a row's n new chain tokens attends to: the row's ``held`` columns, then the new
     columns width .. width + i (token i and the ones before it)."""
@@ -385,16 +444,6 @@ def _flat(keys: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     off = torch.zeros(len(keys) + 1, dtype=torch.long)
     off[1:] = torch.tensor([len(k) for k in keys]).cumsum(0)
     return torch.cat(keys), off
-
-
-def _ancestors(parents: list[int], device) -> torch.Tensor:
-    """Bool [m, m]: entry (i, j) is True when j is i or an ancestor of i (parents index earlier tokens; -1 = none)."""
-    m = len(parents)
-    anc = torch.eye(m, dtype=torch.bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            anc[i] |= anc[p]
-    return anc.to(device)
 
 
 def _scatter_vocab(z: torch.Tensor, ids: torch.Tensor, width: int) -> torch.Tensor:

@@ -12,8 +12,9 @@ grow).
 
 Here each query row (per sequence and head) attends to exactly the keys it may see (the mask's allowed
 positions, in cache order) with one fixed arithmetic, so its result does not depend on the other rows.
-Where the panel library is built (AVX-512F and a C compiler, ``panel.py``), one C call per layer does
-every row (``rows_attention`` in ``panel_gemm.c``, ``attend.h``: 16-lane partial sums, fixed order);
+Where the panel library is built (AVX-512F or AVX2 + FMA and a C compiler, ``panel.py``), one C call per layer
+does every row (``rows_attention`` in ``panel_gemm.c``, ``attend.h``: 16-lane, on AVX2 8-lane partial sums, fixed
+order);
 an ``ar`` step and a verification row take the same call. Measured on the embedded bf16 target after
 200 tokens of context: attention per forward of 1 / 5 / 8 tokens 3.5 / 11.6 / 16.2 ms as one SDPA call
 per row and layer (Python loop), the growth most of what verification added outside the linear layers.

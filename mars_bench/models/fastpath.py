@@ -1,8 +1,8 @@
 """CPU fast path: linear layers whose cost barely grows with the number of tokens a forward scores.
 
-Two kernels, best first: the AVX-512 panel GEMM (``panel.py``: one pack serves every M <= 32) where the
-CPU has AVX-512F and a C compiler is present; else MKL's packed GEMM described here. ``kind(model)``
-says which one a model runs, and run summaries record it.
+Two kernels, best first: the panel GEMM (``panel.py``: one pack serves every M <= 32; avx512 or avx2
+family) where the CPU has AVX-512F or AVX2 + FMA and a C compiler is present; else MKL's packed GEMM
+described here. ``kind(model)`` says which one a model runs, and run summaries record it.
 
 Why: a 1.5B fp32 forward of a few tokens is memory-bound, so scoring k + 1 tokens should cost about
 what 1 token costs. Plain ``F.linear`` (MKL sgemm) instead repacks the weight on every call once
@@ -77,8 +77,8 @@ def enable_fast_path(model: nn.Module, kernel: str = "auto") -> nn.Module:
     runs row-wise (``attention.py``): a query row's output does not depend on the rows beside it.
 
     A bf16 model (loaded with ``dtype=bf16``) keeps its linear weights in bf16 panels (AMX tiles, else
-    AVX512_BF16) and runs everything else in fp32: norms, rotary, attention, residual stream and the
-    embedding lookup (``model.float()`` after the swap; bf16 values are exact in fp32). Without a bf16
+    AVX512_BF16, else AVX2 + FMA) and runs everything else in fp32: norms, rotary, attention, residual stream and
+    the embedding lookup (``model.float()`` after the swap; bf16 values are exact in fp32). Without a bf16
     kernel it falls back, with one logged line, to fp32 weights (the same bf16-rounded values)."""
     if kernel not in ("auto", "mkl"):
         raise ValueError(f"fast-path kernel={kernel!r}; allowed: auto, mkl")
@@ -86,7 +86,8 @@ def enable_fast_path(model: nn.Module, kernel: str = "auto") -> nn.Module:
         if not any(type(m) is nn.Linear for m in model.modules()) or (kernel == "auto" and panel.bf16_available()):
             model = _swap_bf16(model)
         else:
-            why = "model.fast_path=mkl" if kernel == "mkl" else panel.unavailable() or "the CPU lacks AVX512_BF16"
+            why = "model.fast_path=mkl" if kernel == "mkl" else \
+                panel.unavailable() or "the avx512 family without AVX512_BF16 (MARS_BENCH_CPU_ISA=avx2 runs bf16 panels)"
             log.warning("bf16 fast path unavailable (%s): running the bf16-rounded weights in fp32", why)
         model.float()
     if hasattr(model, "set_attn_implementation"):   # attention row-invariant too (models/attention.py)
@@ -119,8 +120,8 @@ def _swap_bf16(model: nn.Module) -> nn.Module:
 
 
 def kind(model: nn.Module) -> str:
-    """Which fast-path kernel ``model`` runs: 'panel-amx-bf16', 'panel-avx512-bf16', 'panel-avx512',
-    'mkl-packed' or 'off' (the first kind found, LM head first: one model runs one kind)."""
+    """Which fast-path kernel ``model`` runs: 'panel-amx-bf16', 'panel-<family>-bf16', 'panel-<family>' (family
+    avx512 | avx2), 'mkl-packed' or 'off' (the first kind found, LM head first: one model runs one kind)."""
     head = getattr(model, "lm_head", None)
     mods = ([head] if head is not None else []) + list(model.modules())
     for m in mods:

@@ -57,7 +57,7 @@ def chat_template_kwargs(tokenizer, enable_thinking: bool | None, name: str) -> 
     A template that never reads ``enable_thinking`` would ignore it silently: bad input, one line."""
     if enable_thinking is None:
         return {}
-    from ..config import ConfigError
+    from ..errors import ConfigError
 
     template = tokenizer.chat_template
     text = " ".join(template.values()) if isinstance(template, dict) else (template or "")
@@ -110,11 +110,25 @@ def load_pair(mcfg, need_draft: bool = True) -> Pair:
             kw = {"dtype": dtype, **({"device_map": mcfg.device_map} if mcfg.device_map else {})}
             log.info("loading target %s", t_path)
             target = AutoModelForCausalLM.from_pretrained(t_path, **kw)
+            check_offload(target, mcfg.get("allow_offload", False))
         target = _prepare(target if mcfg.device_map else target.to(device), mcfg, device)
         pair = _LOADED[key] = Pair(CausalLMAdapter(target, name=t_path), None, tok, t_path, d_path or "", chat)
     if need_draft and pair.draft is None and pair.draft_path:   # e.g. an ar job ran first
         pair.draft = load_draft(mcfg, pair)[0]
     return pair
+
+
+def check_offload(model, allowed: bool) -> None:
+    """A device_map that put layers in host RAM or on disk times PCIe, not the GPU: refused (one line) unless
+    ``model.allow_offload``."""
+    placed = getattr(model, "hf_device_map", None) or {}
+    off = [name for name, where in placed.items() if str(where) in ("cpu", "disk")]
+    if off and not allowed:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"model.device_map offloaded {len(off)} modules to host RAM / disk (first: {off[0]} on "
+                          f"{placed[off[0]]}): the model does not fit the GPUs; allowed: fewer or smaller models, more "
+                          "GPUs, or model.allow_offload=true (timings then measure the offload)")
 
 
 def _weights_key(mcfg) -> str:
@@ -154,7 +168,7 @@ def load_draft(mcfg, pair: Pair) -> tuple[CausalLMAdapter, str]:
         from .quant import quantize_model
 
         draft = quantize_model(draft, scheme)
-    from ..config import DRAFT_QUANT_SCHEME
+    from .schemes import DRAFT_QUANT_SCHEME
 
     adapter = CausalLMAdapter(_prepare(draft, mcfg, device), out_vocab=pair.target.vocab, name=pair.draft_path,
                               vocab_ids=keep)
@@ -184,7 +198,7 @@ def draft_vocab_ids(tokenizer, size: int, width: int) -> torch.Tensor:
     order, so the lowest ids are the most frequent pieces of the tokenizer's training text) and every special
     or added token (EOS among them), ascending, all below ``width`` (the target's vocabulary)."""
     if size >= width:
-        from ..config import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError(f"model.draft_vocab={size}; allowed: 0 or 256 .. {width - 1} (the target has {width} ids)")
     special = set(getattr(tokenizer, "all_special_ids", []) or []) | set(getattr(tokenizer, "added_tokens_decoder", {}))
@@ -205,11 +219,30 @@ def trim_head(model, ids: torch.Tensor) -> None:
     model.set_output_embeddings(new)
 
 
+CAPTURE = ("off", "compile")
+
+
 def _prepare(model, mcfg, device: torch.device):
     if _fast_path_on(mcfg, device):
         from .fastpath import enable_fast_path
 
         return enable_fast_path(model, kernel="mkl" if mcfg.fast_path == "mkl" else "auto")
+    return capture(model, mcfg.get("capture", "off"), device)
+
+
+def capture(model, how: str, device: torch.device):
+    """``model.capture``: off (eager), or compile = the forward through ``torch.compile(mode="reduce-overhead")``
+    (CUDA graphs replay a forward's kernels with one launch; dynamic shapes, as the cache grows). CUDA only:
+    on a CPU it is refused in one line (the CPU path has its own kernels)."""
+    from ..errors import ConfigError
+
+    if how not in CAPTURE:
+        raise ConfigError(f"model.capture={how!r}; allowed: {', '.join(CAPTURE)}")
+    if how == "off":
+        return model
+    if device.type != "cuda":
+        raise ConfigError(f"model.capture={how} on {device.type}; allowed there: off (capture is for CUDA)")
+    model.forward = torch.compile(model.forward, mode="reduce-overhead", dynamic=True)
     return model
 
 

@@ -1,4 +1,4 @@
-"""AVX-512 small-M fp32 GEMM (``panel_gemm.c``) for the CPU fast path, built once per machine.
+"""Small-M GEMM (``panel_gemm.c``) for the CPU fast path, built once per machine and kernel family.
 
 Why: scoring k + 1 tokens with a 1.5B fp32 target should cost about what 1 token costs (the weights
 stream from DRAM once either way), but MKL's small-M kernels, packed or not, run at ~70 GFLOPS here
@@ -8,10 +8,16 @@ here (2 cores, AVX-512), ms per call, MKL packed vs panel: LM head 151,936 x 153
 M=17 61.7 vs 46.4; MLP 8960 x 1536 at M=5 3.04 vs 2.13; equal at M=1. At M >= 64 MKL's large-M GEMM is
 as fast, so more rows than ``MAX_ROWS`` (prefill) go to ``F.linear``.
 
-The library is compiled with the system C compiler (``$CC``, default ``cc``; ``-O3 -march=native
--fopenmp``) into ``<cache>/kernels/`` (atomic rename, keyed by source and CPU), and loaded after torch so
-it shares torch's OpenMP runtime. No AVX-512, no compiler, or a failed build: ``library()`` returns
-None, says why in ``unavailable()``, and the fast path falls back to MKL packed GEMM.
+Kernel families (``isa()``; ``$MARS_BENCH_CPU_ISA`` = avx512 | avx2 | generic forces one, default the best the
+CPU runs): avx512 (``-march=native``: AVX-512F, AVX512_BF16 / AMX bf16 where present) and avx2 (``-mavx2 -mfma
+-mf16c``: 6 rows x 16 columns fp32, ``panel_bf16_avx2.h`` for bf16 weights), so every x86 machine tests and times
+the avx2 kernels too; ``PanelLinear.kernel`` names the family (``panel-avx2-bf16``) and speed tables never mix
+kinds. generic builds nothing.
+
+The library is compiled with the system C compiler (``$CC``, default ``cc``; ``-O3 <family flags> -fopenmp``)
+into ``<cache>/kernels/`` (atomic rename, keyed by source, flags and CPU), and loaded after torch so it shares
+torch's OpenMP runtime. No kernel family, no compiler, or a failed build: ``library()`` returns None, says why
+in ``unavailable()``, and the fast path falls back to MKL packed GEMM.
 """
 from __future__ import annotations
 
@@ -50,24 +56,76 @@ def _kernel_dir() -> Path:
     return default_cache_dir() / "kernels"
 
 
-def build(out_dir: Path | None = None, src: Path = SRC) -> Path:
-    """Compile ``src`` (default ``panel_gemm.c``) for this CPU (once; reused while source, compiler and CPU
-    are unchanged)."""
+ISA_ENV = "MARS_BENCH_CPU_ISA"           # forces the kernel family; unset or "auto": the best this CPU runs
+ISAS = ("avx512", "avx2", "generic")      # generic: no C kernels (MKL packed GEMM, torch attention, int8 draft)
+FLAGS = {"avx512": ["-march=native"], "avx2": ["-mavx2", "-mfma", "-mf16c", "-mtune=native"]}
+
+
+def isa() -> str:
+    """The kernel family every C kernel is built for: ``$MARS_BENCH_CPU_ISA`` (avx512 | avx2 | generic) where
+    set, else the best this CPU runs (AVX-512F: avx512; AVX2 + FMA + F16C: avx2; else generic). A forced
+    family the CPU lacks builds nothing and ``unavailable()`` says why."""
+    want = (os.environ.get(ISA_ENV) or "auto").strip().lower()
+    if want not in ("auto",) + ISAS:
+        raise ValueError(f"{ISA_ENV}={want!r}; allowed: auto, {', '.join(ISAS)}")
+    if want != "auto":
+        return want
+    flags = cpu()[1] if platform.machine().lower() in ("x86_64", "amd64") else set()
+    return "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma", "f16c"} <= flags else "generic"
+
+
+def families() -> list[str]:
+    """The kernel families the tests run here: the one ``$MARS_BENCH_CPU_ISA`` forces (none for generic), else
+    every family this CPU runs (avx512 and avx2 on an AVX-512 machine: each fallback is tested there too)."""
+    forced = (os.environ.get(ISA_ENV) or "auto").strip().lower() != "auto"
+    out = []
+    for family in ("avx512", "avx2"):
+        try:
+            _check_isa(family)
+        except RuntimeError:
+            continue
+        out.append(family)
+    return [f for f in out if not forced or f == isa()]
+
+
+def _check_isa(family: str) -> None:
     model, flags = cpu()
-    if platform.machine().lower() not in ("x86_64", "amd64") or "avx512f" not in flags:
-        raise RuntimeError(f"CPU {model or platform.machine()!r} lacks AVX-512F")
+    if family == "generic":
+        raise RuntimeError(f"{ISA_ENV}=generic (no C kernels)" if os.environ.get(ISA_ENV) else
+                           f"CPU {model or platform.machine()!r} lacks AVX2 + FMA and AVX-512F")
+    need = ["avx512f"] if family == "avx512" else ["avx2", "fma", "f16c"]
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    missing = [f for f in need if not x86 or f not in flags]
+    if missing:
+        names = {"avx512f": "AVX-512F", "avx2": "AVX2", "fma": "FMA", "f16c": "F16C"}
+        raise RuntimeError(f"CPU {model or platform.machine()!r} lacks {', '.join(names[f] for f in missing)}")
+
+
+def build(out_dir: Path | None = None, src: Path = SRC, family: str | None = None) -> Path:
+    """Compile ``src`` (default ``panel_gemm.c``) for this CPU and kernel family (default ``isa()``); once,
+    reused while source, compiler, flags and CPU are unchanged."""
+    family = family or isa()
+    _check_isa(family)
+    model, flags = cpu()
     cc = os.environ.get("CC", "cc")
+    opts = FLAGS[family]
     headers = b"".join(h.read_bytes() for h in sorted(src.parent.glob("*.h")))   # included by the sources
-    key = hashlib.sha256(src.read_bytes() + headers + f"|{cc}|{model}|{' '.join(sorted(flags))}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(src.read_bytes() + headers +
+                         f"|{cc}|{' '.join(opts)}|{model}|{' '.join(sorted(flags))}".encode()).hexdigest()[:16]
     out_dir = Path(out_dir) if out_dir is not None else _kernel_dir()
-    so = out_dir / f"{src.stem}-{key}.so"
+    so = out_dir / f"{src.stem}-{family}-{key}.so"
     if so.exists():
         return so
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{so.name}.tmp-{os.getpid()}"
-    cmd = [cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(tmp)]
+    cmd = [cc, "-O3", *opts, "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(tmp)]
     try:
-        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
+        except subprocess.CalledProcessError as e:   # e.g. macOS clang: no OpenMP; the kernels then run one thread
+            subprocess.run([c for c in cmd if c != "-fopenmp"], check=True, capture_output=True, text=True, timeout=300)
+            last = (e.stderr.strip().splitlines() or ["no output"])[-1]
+            log.warning("%s built without OpenMP (one thread): %s -fopenmp failed: %s", src.name, cc, last)
         os.replace(tmp, so)       # a killed build leaves only a dot-temp file, never a half-written .so
     except FileNotFoundError:
         raise RuntimeError(f"no C compiler {cc!r} (set $CC)") from None
@@ -82,8 +140,9 @@ def build(out_dir: Path | None = None, src: Path = SRC) -> Path:
 def library():
     """The loaded kernel library, or None (``unavailable()`` says why)."""
     if not _state:
+        family = isa()
         try:
-            lib = ctypes.CDLL(str(build()))
+            lib = ctypes.CDLL(str(build(family=family)))
             lib.panel_linear.restype = ctypes.c_int
             lib.panel_linear.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
                                          ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
@@ -97,11 +156,23 @@ def library():
                 for fn in (lib.panel_linear_bf16, lib.panel_linear_amx):
                     fn.restype, fn.argtypes = ctypes.c_int, lib.panel_linear.argtypes
                 lib.panel_pack_bf16.argtypes = lib.panel_pack.argtypes
-            _state["lib"], _state["width"] = lib, lib.panel_width()
+            _state["lib"], _state["width"], _state["family"] = lib, lib.panel_width(), family
+            log.info("panel GEMM: %s kernels (%s)", family, _why_family(family))
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
             _state["why"] = str(e)
             log.info("panel GEMM unavailable (%s); the CPU fast path uses MKL packed GEMM", e)
     return _state.get("lib")
+
+
+def _why_family(family: str) -> str:
+    if os.environ.get(ISA_ENV, "auto").strip().lower() not in ("", "auto"):
+        return f"{ISA_ENV}={family}"
+    return "the CPU has AVX-512F" if family == "avx512" else "the CPU has AVX2 + FMA, no AVX-512F"
+
+
+def family() -> str | None:
+    """The kernel family the loaded library runs (avx512 | avx2), None where there is none."""
+    return _state.get("family") if library() is not None else None
 
 
 def drop_file_pages(t: torch.Tensor) -> bool:
@@ -138,7 +209,8 @@ def unavailable() -> str | None:
 
 
 def bf16_available() -> bool:
-    """The bf16-weight kernels are built in only where the compiler targets AVX512_BF16 (-march=native)."""
+    """The bf16-weight kernels are built in where the compiler targets AVX512_BF16 (-march=native) or, in the
+    avx2 family, AVX2 + FMA (``panel_bf16_avx2.h``)."""
     return library() is not None and _state["bf16"]
 
 
@@ -176,7 +248,7 @@ class PanelLinear(nn.Module):
         self.on, self.rows = False, 0
         w = linear.weight.detach().contiguous()
         lib, threads = library(), torch.get_num_threads()
-        self.bf16, self.amx = w.dtype == torch.bfloat16, False
+        self.bf16, self.amx, self.family = w.dtype == torch.bfloat16, False, _state["family"]
         if self.bf16:
             self.weight = None
             self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
@@ -204,7 +276,14 @@ class PanelLinear(nn.Module):
 
     @property
     def kernel(self) -> str:
-        return "panel-amx-bf16" if self.amx else "panel-avx512-bf16" if self.bf16 else "panel-avx512"
+        """'panel-amx-bf16', 'panel-<family>-bf16' or 'panel-<family>' (family avx512 | avx2): speed tables
+        never mix kinds."""
+        return "panel-amx-bf16" if self.amx else f"panel-{self.family}" + ("-bf16" if self.bf16 else "")
+
+    @property
+    def bf16_inputs(self) -> bool:
+        """True where the kernel rounds its inputs to bf16 (AMX, AVX512_BF16); the avx2 kernel keeps them fp32."""
+        return self.bf16 and (self.amx or self.family == "avx512")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)

@@ -6,15 +6,19 @@
  * so the R broadcasts of one k-step read one cache line; the chunk's R x NB accumulators stay in
  * registers. Weights come from DRAM once per call whatever M is, which is what makes scoring k + 1
  * tokens cost about what 1 token costs. Summation over k is sequential in fp32 (rounding differs from
- * MKL's, as any two BLAS differ). Built by mars_bench/models/panel.py with -march=native. */
+ * MKL's, as any two BLAS differ). Built by mars_bench/models/panel.py per kernel family: avx512 (-march=native:
+ * zmm, 12 rows x 32 columns; AVX512_BF16 / AMX bf16 kernels below) or avx2 (-mavx2 -mfma -mf16c: ymm, 6 rows x 16
+ * columns; bf16 weights in panel_bf16_avx2.h). */
 #include <immintrin.h>
 #include <stdlib.h>
+#ifdef _OPENMP
 #include <omp.h>
+#else
+#define omp_get_thread_num() 0                  /* built without OpenMP: one thread (panel.build says so) */
+#endif
 #include "attend.h"
 
-#ifndef __AVX512F__
-#error "panel_gemm.c needs AVX-512F (without it the fast path uses MKL packed GEMM)"
-#endif
+#if defined(__AVX512F__)
 #define VW 16                                   /* floats per zmm register */
 #define RMAX 12                                 /* rows per chunk: 2*RMAX accumulators + 3 of 32 registers */
 typedef __m512 vec;
@@ -24,6 +28,19 @@ typedef __m512 vec;
 #define VBCAST(s) _mm512_set1_ps(s)
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VADD(a, b) _mm512_add_ps(a, b)
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VW 8                                    /* floats per ymm register */
+#define RMAX 6                                  /* 2*RMAX accumulators + 3 of 16 registers */
+typedef __m256 vec;
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#define VBCAST(s) _mm256_set1_ps(s)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#else
+#error "panel_gemm.c needs AVX-512F or AVX2 + FMA (without them the fast path uses MKL packed GEMM)"
+#endif
 #define NB (2 * VW)                             /* panel width: two vectors */
 #define PF 64                                   /* prefetch distance in k-steps (best of 4..128 here) */
 
@@ -41,10 +58,16 @@ static void kern_##R(const float *xt, long K, const float *w, float *y, long N, 
     vec c0 = b ? VLOAD(b) : VZERO(), c1 = b ? VLOAD(b + VW) : VZERO(); \
     for (int r = 0; r < R; r++) { VSTORE(y + r * N, VADD(a0[r], c0)); VSTORE(y + r * N + VW, VADD(a1[r], c1)); } \
 }
-KERN(1) KERN(2) KERN(3) KERN(4) KERN(5) KERN(6) KERN(7) KERN(8) KERN(9) KERN(10) KERN(11) KERN(12)
+KERN(1) KERN(2) KERN(3) KERN(4) KERN(5) KERN(6)
+#if RMAX == 12
+KERN(7) KERN(8) KERN(9) KERN(10) KERN(11) KERN(12)
+#endif
 typedef void (*kern_t)(const float *, long, const float *, float *, long, const float *);
-static const kern_t KERNS[RMAX + 1] = {0, kern_1, kern_2, kern_3, kern_4, kern_5, kern_6,
-                                       kern_7, kern_8, kern_9, kern_10, kern_11, kern_12};
+static const kern_t KERNS[13] = {0, kern_1, kern_2, kern_3, kern_4, kern_5, kern_6,
+#if RMAX == 12
+                                 kern_7, kern_8, kern_9, kern_10, kern_11, kern_12
+#endif
+};
 
 int panel_width(void) { return NB; }
 
@@ -246,6 +269,8 @@ int panel_amx_init(void) { return 0; }
 int panel_linear_amx(const float *x, long M, long K, const unsigned short *wq, long N, const float *bias,
                      float *y, int threads) { return -2; }
 #endif
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#include "panel_bf16_avx2.h"
 #else
 int panel_bf16_available(void) { return 0; }
 int panel_amx_init(void) { return 0; }

@@ -1,4 +1,4 @@
-"""Group-quantized draft weights (``model.draft_quant=q4|q8``) run by ``quant_gemm.c`` (AVX512-VNNI).
+"""Group-quantized draft weights (``model.draft_quant=q4|q8``) run by ``quant_gemm.c`` (AVX512-VNNI, else AVX2).
 
 Why: a draft forward of one token is bound by streaming its weights from DRAM. The embedded 0.5B draft
 holds ~494M linear weights (136M of them the 151,936 x 896 LM head); fbgemm's int8 path streams them at
@@ -13,8 +13,11 @@ Weights: per column n and group g of 32 k, q4 takes the value of largest magnitu
 and q = clamp(round(w / d), -8, 7); q8 takes d = max|w| / 127 and q = round(w / d). ``reference`` is the
 same product in float64 from the unpacked codes, which the tests hold the kernel to.
 
-Built like ``panel_gemm.c`` (``panel.build``). Without AVX512-VNNI or a compiler ``available()`` is False,
-``unavailable()`` says why, and the loader falls back to the int8 draft with one logged line.
+Built like ``panel_gemm.c`` (``panel.build``, the kernel family of ``panel.isa()``): AVX512-VNNI where the compiler
+targets it, else AVX2 + FMA + F16C (``quant_avx2.h``: its own code layout, the same integers and fp32 steps, so
+equal results; ``QuantLinear.kernel`` says which). Without either or a compiler (``MARS_BENCH_CPU_ISA=generic``)
+``available()`` is False, ``unavailable()`` says why, and the loader falls back to the int8 draft with one
+logged line.
 """
 from __future__ import annotations
 
@@ -35,25 +38,31 @@ BITS = {"q4": 4, "q8": 8}
 _state: dict = {}
 
 
+KINDS = {1: "vnni", 2: "avx2"}   # quant_kind() of the built library: AVX512-VNNI, else AVX2 + FMA + F16C
+
+
 def library():
     """The loaded kernel library, or None (``unavailable()`` says why)."""
     if not _state:
         try:
-            model, flags = panel.cpu()
-            missing = [f for f in ("avx512f", "avx512bw", "avx512_vnni") if f not in flags]
-            if missing:
-                raise RuntimeError(f"CPU {model or 'unknown'!r} lacks {', '.join(missing)}")
             lib = ctypes.CDLL(str(panel.build(src=SRC)))
-            if not lib.quant_available():
-                raise RuntimeError("the compiler did not target AVX512-VNNI (-march=native)")
+            kind = KINDS.get(lib.quant_kind())
+            if kind is None:
+                raise RuntimeError("the compiler targeted neither AVX512-VNNI nor AVX2 + FMA + F16C")
             lib.quant_linear.restype = ctypes.c_int
             lib.quant_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
                                          ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
             lib.quant_block_bytes.restype = ctypes.c_long
-            _state["lib"] = lib
+            _state["lib"], _state["kind"] = lib, kind
+            log.info("quantized draft kernel: %s (%s family)", kind, panel.isa())
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
             _state["why"] = str(e)
     return _state.get("lib")
+
+
+def kind() -> str | None:
+    """'vnni' or 'avx2': which kernel (and code layout) the library runs; None without one."""
+    return _state.get("kind") if library() is not None else None
 
 
 def available() -> bool:
@@ -86,13 +95,21 @@ def quantize(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (q + off).to(torch.uint8).reshape(n, k), d
 
 
-def pack(codes: torch.Tensor, scales: torch.Tensor, bits: int) -> torch.Tensor:
-    """The kernel's layout (``quant_gemm.c``): per panel of 32 columns and group, the codes then the scales."""
+def pack(codes: torch.Tensor, scales: torch.Tensor, bits: int, layout: str = "vnni") -> torch.Tensor:
+    """The kernel's layout (``quant_gemm.c`` for vnni, ``quant_avx2.h`` for avx2): per panel of 32 columns and
+    group, the codes then the scales."""
     n, k = codes.shape
     p, g = n // WIDTH, k // GROUP
-    if bits == 8:   # (p, h, j, g, o, i) -> (p, g, h, o, j, i)
+    if layout not in KINDS.values():
+        raise ValueError(f"layout={layout!r}; allowed: {', '.join(KINDS.values())}")
+    if layout == "avx2" and bits == 8:   # (p, v, j, g, t, i) -> (p, g, t, v, j, i)
+        c = codes.reshape(p, 4, 8, g, 16, 2).permute(0, 3, 4, 1, 2, 5).reshape(p, g, 1024)
+    elif layout == "avx2":               # (p, v, j, g, o, s, i) -> (p, g, o, v, j, i, s); s = low / high nibble
+        c = codes.reshape(p, 4, 8, g, 8, 2, 2).permute(0, 3, 4, 1, 2, 6, 5)
+        c = (c[..., 0] | (c[..., 1] << 4)).reshape(p, g, 512)
+    elif bits == 8:                      # (p, h, j, g, o, i) -> (p, g, h, o, j, i)
         c = codes.reshape(p, 2, 16, g, 8, 4).permute(0, 3, 1, 4, 2, 5).reshape(p, g, 1024)
-    else:           # (p, h, j, g, o, s, i) -> (p, g, h, o, j, i, s); s = low / high nibble
+    else:                                # (p, h, j, g, o, s, i) -> (p, g, h, o, j, i, s); s = low / high nibble
         c = codes.reshape(p, 2, 16, g, 4, 2, 4).permute(0, 3, 1, 4, 2, 6, 5)
         c = (c[..., 0] | (c[..., 1] << 4)).reshape(p, g, 512)
     s = scales.reshape(p, WIDTH, g).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(p, g, 2 * WIDTH)
@@ -129,7 +146,8 @@ class QuantLinear(nn.Module):
         if self.n_pad != self.out_features:
             w = torch.cat([w, w.new_zeros(self.n_pad - self.out_features, self.in_features)])
         codes, scales = quantize(w, bits)
-        self.panels = pack(codes, scales, bits)
+        self.layout = _state["kind"]
+        self.panels = pack(codes, scales, bits, self.layout)
         self.bias = None
         if linear.bias is not None:
             b = linear.bias.detach().float()
@@ -138,7 +156,7 @@ class QuantLinear(nn.Module):
 
     @property
     def kernel(self) -> str:
-        return f"q{self.bits}g{GROUP}-vnni"
+        return f"q{self.bits}g{GROUP}-{self.layout}"
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"

@@ -1,4 +1,4 @@
-/* Weight-quantized small-M GEMM for draft models (AVX512-VNNI): y[M, N] = x[M, K] @ W[N, K]^T + b.
+/* Weight-quantized small-M GEMM for draft models (AVX512-VNNI, else AVX2: quant_avx2.h): y[M, N] = x[M, K] @ W[N, K]^T + b.
  *
  * W is stored in groups of G = 32 consecutive k per output column: an fp16 scale d and integers q
  * (q4: 4 bits, q in [-8, 7]; q8: 8 bits, q in [-127, 127]), stored unsigned u = q + off (off = 8 or
@@ -13,25 +13,35 @@
  * one block of BYTES(bits) = the two 16-column halves' codes, then the 32 fp16 scales:
  *   q8: half h, quad o (k = 4o..4o+3), column j, i: byte [h*512 + o*64 + 4j + i] = u[16h + j, 4o + i]
  *   q4: half h, octet o, column j, i: byte [h*256 + o*64 + 4j + i] = u[., 8o + i] | u[., 8o + 4 + i] << 4
- * so a panel streams from DRAM front to back once per call whatever M is. */
+ * so a panel streams from DRAM front to back once per call whatever M is. The AVX2 kernel (quant_avx2.h) takes its
+ * own k-pair-major layout of the same bytes and computes the same integers and the same fp32 operations per lane. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
 #include <omp.h>
+#else
+#define omp_get_thread_num() 0                  /* built without OpenMP: one thread (panel.build says so) */
+#endif
 
 #define G 32
 #define NB 32
 #define RMAX 4
 #define PFD 4096                               /* software prefetch distance, bytes */
 
-int quant_available(void) {
+/* 1: AVX512-VNNI (the layout above), 2: AVX2 (quant_avx2.h's layout), 0: none. */
+int quant_kind(void) {
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
     return 1;
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    return 2;
 #else
     return 0;
 #endif
 }
+
+int quant_available(void) { return quant_kind() != 0; }
 
 long quant_block_bytes(int bits) { return (bits == 4 ? 16 * G : 32 * G) + 2 * NB; }
 
@@ -92,12 +102,36 @@ static inline __attribute__((always_inline)) void panel_rows(int bits, int R, co
     }
 }
 
+static void rms_norm(const float *x, const float *w, float *y, long D, float eps) {
+    __m512 acc = _mm512_setzero_ps();
+    for (long i = 0; i < D; i += 16) { __m512 v = _mm512_loadu_ps(x + i); acc = _mm512_fmadd_ps(v, v, acc); }
+    const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)D + eps));
+    for (long i = 0; i < D; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(w + i), _mm512_mul_ps(_mm512_loadu_ps(x + i), inv)));
+}
+
+static void silu_mul(float *g, const float *u, long n) {
+    for (long i = 0; i < n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        __m512 sg = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(sg, _mm512_loadu_ps(u + i)));
+    }
+}
+#define X_ELEM signed char                   /* the quantized activations' storage */
+#define QUANT_SIMD
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "attend.h"
+#include "quant_avx2.h"
+#define QUANT_SIMD
+#endif
+
+#ifdef QUANT_SIMD
 /* y[M, N] (N a multiple of 32, K of 32). Returns 0, -1 when scratch cannot be allocated, -2 for bad bits. */
 int quant_linear(int bits, const float *x, long M, long K, const unsigned char *wp, long N, const float *bias,
                  float *y, int threads) {
     if (bits != 4 && bits != 8) return -2;
     const long Gn = K / G, bb = quant_block_bytes(bits);
-    signed char *xq = malloc(M * K);
+    X_ELEM *xq = malloc(sizeof(X_ELEM) * M * K);
     float *dx = malloc(sizeof(float) * M * Gn);
     int *sx = malloc(sizeof(int) * M * Gn);
     if (!xq || !dx || !sx) { free(xq); free(dx); free(sx); return -1; }
@@ -111,7 +145,7 @@ int quant_linear(int bits, const float *x, long M, long K, const unsigned char *
             for (int i = 0; i < G; i++) {
                 int q = (int)nearbyintf(xg[i] * inv);
                 q = q > 127 ? 127 : q < -127 ? -127 : q;
-                xq[r * K + g * G + i] = (signed char)q;
+                xq[r * K + g * G + i] = (X_ELEM)q;
                 s += q;
             }
             dx[r * Gn + g] = d; sx[r * Gn + g] = s;
@@ -122,7 +156,7 @@ int quant_linear(int bits, const float *x, long M, long K, const unsigned char *
         const float *b = bias ? bias + p * NB : 0;
         for (long r0 = 0; r0 < M; r0 += RMAX) {
             int R = M - r0 < RMAX ? (int)(M - r0) : RMAX;
-            const signed char *xr = xq + r0 * K;
+            const X_ELEM *xr = xq + r0 * K;
             const float *dr = dx + r0 * Gn;
             const int *sr = sx + r0 * Gn;
             float *yr = y + r0 * N + p * NB;
@@ -143,16 +177,9 @@ int quant_linear(int bits, const float *x, long M, long K, const unsigned char *
  *   (rotate-half form);  k, v written to the cache [B, Hkv, cap, hd] at (tok_row[m], tok_col[m]);
  *   per token m and head j: softmax(scale q k^T) v over the cache columns keys[key_off[m] .. key_off[m+1]);
  *   h += att Wo + bo;  t = rmsnorm(h) ln2;  h += (silu(t Wg) * (t Wu)) Wd.
- * Every sum has a fixed order per token (16-lane partial sums, then _mm512_reduce_add_ps), and the linear
+ * Every sum has a fixed order per token (16-lane partial sums, then _mm512_reduce_add_ps; 8 lanes and hsum256 on
+ * AVX2), and the linear
  * layers are row-invariant: a token's result depends on its own inputs and keys only. */
-static void rms_norm(const float *x, const float *w, float *y, long D, float eps) {
-    __m512 acc = _mm512_setzero_ps();
-    for (long i = 0; i < D; i += 16) { __m512 v = _mm512_loadu_ps(x + i); acc = _mm512_fmadd_ps(v, v, acc); }
-    const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)D + eps));
-    for (long i = 0; i < D; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(w + i), _mm512_mul_ps(_mm512_loadu_ps(x + i), inv)));
-}
-
 static void rotary(float *x, int heads, int hd, const float *cos, const float *sin) {
     const int half = hd / 2;
     for (int j = 0; j < heads; j++) {
@@ -205,11 +232,7 @@ int fused_layer(int bits, long M, long D, float *h, const float *ln1, const floa
     for (long m = 0; m < M; m++) rms_norm(h + m * D, ln2, t + m * D, D, eps);
     if ((rc = quant_linear(bits, t, M, D, w[4], F, b[4], g, threads))) goto done;
     if ((rc = quant_linear(bits, t, M, D, w[5], F, b[5], u, threads))) goto done;
-    for (long i = 0; i < M * F; i += 16) {                  /* silu(gate) * up */
-        __m512 x = _mm512_loadu_ps(g + i);
-        __m512 sg = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
-        _mm512_storeu_ps(g + i, _mm512_mul_ps(sg, _mm512_loadu_ps(u + i)));
-    }
+    silu_mul(g, u, M * F);                                  /* silu(gate) * up */
     if ((rc = quant_linear(bits, g, M, F, w[6], D, b[6], t, threads))) goto done;
     for (long i = 0; i < M * D; i++) h[i] += t[i];
 done:

@@ -1,12 +1,13 @@
 """Tables and figures from results trees (reads results files only).
 
-    mars-bench-report [ROOT ...] [--out DIR] [--theta 0.9] [--no-figures] [--pack FILE.tar.xz]
+    mars-bench-report [ROOT ...] [--out DIR] [--theta 0.9] [--no-figures] [--pack FILE.tar.xz] [--results-md FILE.md]
 
 prints a compact comparison per settings group to stdout (``console.py``: shared settings once, then method,
 n, tokens/s, tau, speedup, quality and its paired delta vs ar; 120 columns unless a terminal) and writes
 every table (``.md``, ``.csv``, ``.tex``) and figure (``.png``, ``.pdf``) to ``<first ROOT>/report/`` (or ``--out``), with ``report.md`` linking them all.
 A ROOT may be a packed results tree (``.tar.xz``, ``pack.py``); ``--pack`` writes the first ROOT's run files
-into one (how the study's records are committed). Problems found while reading (corrupt or truncated sample lines) go to stderr and are marked in the tables.
+into one (how the study's records are committed); ``--results-md`` rewrites the section of a markdown file
+generated from the first ROOT, a pack (``docs.py``: how ``docs/results.md``'s study table is regenerated). Problems found while reading (corrupt or truncated sample lines) go to stderr and are marked in the tables.
 Every number with uncertainty is shown as ``value [lo, hi]`` (95% CI), quality deltas with their p-value,
 n and MDE, and runs with more than 5% of samples cut at max_new_tokens are flagged (``mars_bench.stats``).
 
@@ -24,6 +25,7 @@ import sys
 from pathlib import Path
 
 from .console import print_console, render
+from .docs import write_results_md
 from .figures import group_figures, make_figures
 from .frames import DEFAULT_THETA, Frames, groups, load_frames
 from .pack import SUFFIX, is_pack, pack, unpacked
@@ -45,15 +47,21 @@ def write_report(roots, out: str | Path | None = None, theta: float = DEFAULT_TH
     tables = all_tables(frames.runs, theta)
     paths = write_tables(tables, out / "tables")
     figs = make_figures(frames, out / "figures", theta) if figures else []
-    _write_index(out, roots, frames, tables, figs)
-    return {"frames": frames, "tables": tables, "paths": paths + figs, "out": out}
+    from ..shards import missing
+
+    absent = missing(roots)
+    _write_index(out, roots, frames, tables, figs, absent)
+    return {"frames": frames, "tables": tables, "paths": paths + figs, "out": out, "missing_shards": absent}
 
 
-def _write_index(out: Path, roots, frames: Frames, tables, figs) -> None:
+def _write_index(out: Path, roots, frames: Frames, tables, figs, absent: list[str] | None = None) -> None:
     from ..records import atomic_write_text
 
     lines = ["# mars-bench report", "", f"Results read from: {', '.join(str(r) for r in roots)} "
              f"({len(frames.runs)} runs). Regenerate with `mars-bench-report {' '.join(str(r) for r in roots)}`.", ""]
+    if absent is not None:   # a sharded study (mars_bench/shards.py): say which shards' packs were not given
+        lines += [f"Shards missing: {', '.join(absent)} (their numbers are absent, not estimated)." if absent
+                  else "Shards: every shard of `make reproduce-full` is here.", ""]
     if frames.problems:
         lines += ["## Problems (lines skipped)", ""] + [f"- {p}" for p in frames.problems] + [""]
     for name, t in tables.items():
@@ -102,9 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-figures", action="store_true", help="tables only")
     ap.add_argument("--pack", default=None, metavar="FILE.tar.xz",
                     help="also pack the first ROOT's run files (run.json, samples, summary, config) into this file")
+    ap.add_argument("--results-md", default=None, metavar="FILE.md",
+                    help="also rewrite FILE.md's section generated from the first ROOT, a .tar.xz pack, between its "
+                         "marker comments (how docs/results.md's study table is regenerated)")
     args = ap.parse_args(argv)
     try:
         res = write_report(args.roots, args.out, args.theta, figures=not args.no_figures)
+        if args.results_md:
+            write_results_md(args.results_md, args.roots[0])
+            print(f"mars-bench-report: rewrote the section generated from {args.roots[0]} in {args.results_md}",
+                  file=sys.stderr)
         if args.pack:
             print(f"mars-bench-report: packed {len(pack(args.roots[0], args.pack))} files to {args.pack}",
                   file=sys.stderr)
@@ -117,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if frames.runs.empty:
         print(f"mars-bench-report: no runs found under {', '.join(args.roots)}", file=sys.stderr)
         return 1
+    if res["missing_shards"]:
+        print(f"mars-bench-report: shards missing: {', '.join(res['missing_shards'])}", file=sys.stderr)
     print_console(frames.runs, args.theta)
     n_fig = sum(p.suffix == ".png" for p in res["paths"])
     print(f"mars-bench-report: {len(frames.runs)} runs; wrote {len(res['tables'])} tables (md, csv, tex) and "

@@ -163,6 +163,10 @@ def theta_sensitivity(group: pd.DataFrame, theta: float = DEFAULT_THETA, what: s
         if any(v is not None for v in authors):
             a1.plot([r["theta"] for r in runs], [float("nan") if v is None else v for v in authors],
                     "D:", color=color, ms=4, label=f"{label}: authors' speedup formula")
+        clean = [val(r, "speedup_no_budget") for r in runs]
+        if any(c is not None and c != val(r, "speedup") for c, r in zip(clean, runs)):   # runaway samples
+            a1.plot([r["theta"] for r in runs], [float("nan") if v is None else v for v in clean],
+                    "s--", color=color, ms=4, mfc="none", label=f"{label}: without samples that hit the budget")
     a1.axhline(1.0, color=COLORS["ar"], ls="-.", lw=1, label="ar = 1×")
     a1.set_ylabel("speedup over ar (×)")
     a1.set_title("speedup vs θ")

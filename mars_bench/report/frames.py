@@ -6,7 +6,9 @@
                      task_dir, spec (the RunSpec), group (model dir/task dir/its ar baseline's directory name:
                      the runs compared with each other), baseline and reference (the keys of its ar run and of its lossless
                      reference, matched by spec), sd_tag, metrics (the task's, in declared order), title,
-                     dirs, problems (unreadable lines), notes (what was merged or restated)
+                     dirs, problems (unreadable lines), notes (what was merged or restated), phase (a study's),
+                     commit (the manifest's; '+dirty' kept), n_budget, speedup_no_budget [lo, hi], n_no_budget,
+                     n_budget_dropped (runaway samples and the speedup without them: ``_budget_columns``)
     frames.samples   one row per sample and run (``columns.sample_row``), with run (the key) and the
                      output's fidelity to ar's (identical_to_ar, first_divergence, chrf_to_ar)
 
@@ -26,15 +28,18 @@ import pandas as pd
 from ..decode.rules import RULES
 from .columns import run_row, sample_row, val
 from .read import RunFiles, find_runs
-from .restate import current_summary
+from .. import summary as W
+from .restate import current_summary, stats_settings
 
 DEFAULT_THETA = RULES["mars"].knob_map["theta"].default   # the paper's default, registered once
 INTEGERS = ("k", "batch_size", "max_new_tokens", "seed", "task_version", "n", "new_tokens", "steps", "idx_authors",
-            "n_proposed", "n_accepted", "n_exact", "n_relaxed", "n_common", "n_compared", "quality_n")
+            "n_proposed", "n_accepted", "n_exact", "n_relaxed", "n_common", "n_compared", "quality_n", "n_budget",
+            "n_no_budget", "n_budget_dropped")
 KEYS = ("run", "model_dir", "task_dir", "model", "task", "task_version", "tag", "group", "spec", "method", "scheme",
         "rule", "k", "theta", "sweep_knob", "sweep_value", "temperature", "top_p", "max_new_tokens", "seed", "flags",
         "family", "label", "settings_label", "title", "relaxed", "lossless", "n", "truncated", "n_compared",
-        "acceptance_per_depth", "metrics", "sd_tag", "problems", "notes", "phase")   # columns even without runs
+        "acceptance_per_depth", "metrics", "sd_tag", "problems", "notes", "phase", "commit", "n_budget",
+        "speedup_no_budget", "n_no_budget", "n_budget_dropped")   # columns even without runs
 
 
 @dataclass
@@ -64,7 +69,7 @@ def load_frames(roots: str | Path | Iterable[str | Path]) -> Frames:
         ar = _match(found, run, run.spec.baseline()) if run.spec.scheme != "ar" else None
         ref = _match(found, run, run.spec.lossless_reference())
         s = current_summary(run, ar, ref)
-        rows.append(_row(run, s, ar, ref))
+        rows.append({**_row(run, s, ar, ref), **_budget_columns(run, s, ar)})
         per = ((s.get("fidelity") or {}).get("per_sample")) or {}
         samples += [{"run": run.key, **sample_row(rec), **_fidelity(per.get(rec["id"]))} for rec in run.records]
     rows.sort(key=_order)
@@ -91,6 +96,22 @@ def _row(run: RunFiles, s: dict, ar: RunFiles | None, ref: RunFiles | None) -> d
                title=_title(run), dirs=[str(d) for d in run.dirs], problems=list(run.problems), notes=list(run.notes),
                phase=_phase(run.records))
     return row
+
+
+def _budget_columns(run: RunFiles, s: dict, ar: RunFiles | None) -> dict:
+    """Provenance and runaway samples: commit (the manifest's git commit; '+dirty' when the tree had uncommitted
+    changes), n_budget (samples whose last turn stopped at max_new_tokens, the count behind ``truncated``), and
+    the speedup over ar without the speed pairs where either sample hit the budget in any turn
+    (``summary.budget_free_speedup``): speedup_no_budget [lo, hi], n_no_budget, n_budget_dropped."""
+    out = {"commit": ((s.get("manifest") or {}).get("git_commit")) or None,
+           "n_budget": sum(W.hit_budget_last(rec) for rec in run.records) if run.records else None}
+    if run.spec.scheme == "ar" and run.records:
+        out.update(speedup_no_budget=1.0, n_no_budget=sum(not W.hit_budget(r) for r in run.records))
+    elif ar is not None and ar.records and run.records:
+        est = W.budget_free_speedup(run.records, ar.records, stats_settings(s.get("stats")))
+        out.update(speedup_no_budget=est["value"], speedup_no_budget_lo=est["lo"], speedup_no_budget_hi=est["hi"],
+                   n_no_budget=est["n"], n_budget_dropped=est["n_dropped"])
+    return out
 
 
 def _phase(records: list) -> str | None:
@@ -192,7 +213,8 @@ def is_twin(timed, quality) -> bool:
     return quality is not None and replace(quality["spec"], batch_size=1) == timed["spec"]
 
 
-SPEED_COLUMNS = tuple(f"{k}{x}" for k in ("tokens_per_s", "speedup", "speedup_authors") for x in ("", "_lo", "_hi"))
+SPEED_COLUMNS = tuple(f"{k}{x}" for k in ("tokens_per_s", "speedup", "speedup_authors", "speedup_no_budget")
+                      for x in ("", "_lo", "_hi")) + ("n_no_budget", "n_budget_dropped", "settings_label")
 
 
 def study_groups(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:

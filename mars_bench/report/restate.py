@@ -72,7 +72,8 @@ def _stats(run: RunFiles, s: dict, ar: RunFiles | None, ref: RunFiles | None) ->
         return s.get("stop_reasons") or W.stop_reasons(run.records), stored
     run.notes.append("intervals and tests computed from samples.jsonl by the report"
                      + (" (summary.json has none)" if stored is None else " (summary.json's are stale)"))
-    stats = W.run_stats(run.records, ar_recs, ref_recs, _settings(stored), metrics(run, s), fidelity=s.get("fidelity"))
+    stats = W.run_stats(run.records, ar_recs, ref_recs, stats_settings(stored), metrics(run, s),
+                        fidelity=s.get("fidelity"))
     return W.stop_reasons(run.records), stats
 
 
@@ -87,7 +88,7 @@ def _current(stored: dict, run: RunFiles, ar_recs: list | None, ref_recs: list |
     return ref_recs is None or stored.get("quality_vs_sd") is not None
 
 
-def _settings(stored: dict | None) -> S.StatsSettings:
+def stats_settings(stored: dict | None) -> S.StatsSettings:
     """The statistics settings the summary was written with (defaults where it has none)."""
     known = {f.name for f in fields(S.StatsSettings)}
     given = ((stored or {}).get("settings") or {}).items()

@@ -8,7 +8,11 @@
     acceptance_table(runs)  acceptance rate per draft position (depth)
     quality_table(runs)     every paired quality test vs ar and vs sd: delta [CI], p-value, MDE, n
     study_table(runs)       a study's two phases joined: quality and tau from batched decoding of every
-                            sample, speedup from the timed batch-size-1 subset (each number from one phase)
+                            sample, speedup from the timed batch-size-1 subset (each number from one phase;
+                            ``study.py``)
+    paper_table(runs)       the authors' speed table layout: MT-Bench, HumanEval, GSM8K, Alpaca, CNN/DM, mean
+                            (``paper.py``)
+    claims_table(runs)      the paper's claims as a study's intervals resolve them (``claims.py``)
 
 Captions cite the definitions of ``mars_bench.records`` (one source). A cell ``v [lo, hi]`` is the value and
 its 95% CI (the frame's ``<column>_lo`` / ``_hi``), a bare value has none (the quality table's note says why).
@@ -21,7 +25,7 @@ import pandas as pd
 from .. import records as R
 from .. import stats as S
 from .columns import paired_test, val
-from .frames import DEFAULT_THETA, at_theta, groups, headline, reported, rows, study_pairs, is_twin
+from .frames import DEFAULT_THETA, at_theta, groups, headline, reported, rows
 from .writer import ARROW, Table, ci, cells, select
 
 AUTHORS_DEFINITIONS = (f"Authors' formulas, shown beside ours, never instead: {R.SPEEDUP_AUTHORS_DEFINITION}; "
@@ -37,11 +41,14 @@ CI_DEFINITION = ("v [lo, hi] = value and its 95% CI (bootstrap over samples; spe
                  "paired bootstrap for BLEU/chrF); MDE = smallest difference this n detects at 80% power, "
                  "5% level; truncated = share of samples stopped at max_new_tokens")
 SPEED_DEFS = f"{R.TAU_DEFINITION}. {R.SPEEDUP_DEFINITION}."
+NO_BUDGET_DEFINITION = ("speedup without budget hits = the same speedup over the samples where neither the method's "
+                        "nor ar's output hit max_new_tokens in any turn (runaway samples repeat text that drafts "
+                        "easily and inflate the headline)")
 
 BASE = {"model_dir": "model", "task_dir": "task", "settings_label": "settings", "method": "method", "k": "k",
         "theta": "theta", "label": "label"}
 SPEED = {"n": "n", "acceptance_rate": "acceptance", **ci("tokens_per_s"), **ci("tau"), **ci("tau_authors"),
-         **ci("speedup"), **ci("speedup_authors")}
+         **ci("speedup"), **ci("speedup_authors"), **ci("speedup_no_budget")}
 MEAN_KEYS = ("speedup", "tau", "speedup_authors", "tau_authors")   # averaged over tasks in the main table
 
 
@@ -56,8 +63,10 @@ def _notes(table: Table, run) -> str:
     items = [f"{len(problems)} problem(s) in {tag}: " + "; ".join(problems)] if problems else []
     items += [f"{tag}: {n}" for n in val(run, "notes", []) if not n.startswith("no speedup")]
     if cut is not None and cut > TRUNCATION_LIMIT:
-        items.append(f"{tag}: {cut:.0%} of samples stopped at max_new_tokens (> {TRUNCATION_LIMIT:.0%}): "
-                     "its quality reflects the token budget")
+        n, k = val(run, "n"), val(run, "n_budget")
+        count = f"{k} of {n} samples ({cut:.1%})" if k is not None and n else f"{cut:.1%} of samples"
+        items.append(f"{tag}: {count} stopped at max_new_tokens (> {TRUNCATION_LIMIT:.0%}): its numbers include "
+                     "outputs cut at the token budget")
     machines = val(run, "machines") or []
     if len(machines) > 1:
         items.append(f"{tag}: decoded on {len(machines)} machines ({'; '.join(machines)}): its speedup pairs only "
@@ -166,11 +175,13 @@ def theta_table(runs: pd.DataFrame) -> Table:
     share = [val(r, "n_relaxed", 0) / val(r, "n_accepted") if val(r, "n_accepted") else None for r in rows(chosen)]
     return sweep_table(
         chosen, "Table 2", "Theta sensitivity: mars at each θ and the lossless methods (sd, θ '–') on the same "
-        f"settings. {SPEED_DEFS} {AUTHORS_DEFINITIONS}. relaxed share = relaxed acceptances / all accepted drafts. "
+        f"settings. {SPEED_DEFS} {AUTHORS_DEFINITIONS}. {NO_BUDGET_DEFINITION}. relaxed share = relaxed "
+        "acceptances / all accepted drafts. "
         f"↑ higher is better, ↓ lower. Δ = the method's quality - ar's on the same samples. {CI_DEFINITION}.",
         [("model", "model pair", ""), ("task", "task", ""), ("settings", "settings", ""), ("label", "method", ""),
          ("theta", "θ", "g"), ("n", "n", "d"), ("tau", "τ", ".2f[]"), ("acceptance", "accept. rate", ".3f"),
          ("relaxed_share", "relaxed share", ".3f"), ("speedup", "speedup (×)", ".2f[]"),
+         ("speedup_no_budget", "speedup without budget hits (×)", ".2f[]"),
          ("speedup_authors", "speedup, authors' formula (×)", ".2f[]")],
         [("truncated", "truncated (%)", ".1f"), ("notes", "notes", "")], {"relaxed_share": share}, arrow=True)
 
@@ -255,60 +266,22 @@ def quality_table(runs: pd.DataFrame) -> Table:
     return t
 
 
-STUDY_QUALITY = {"n": "n_quality", **ci("tau"), **ci("pct_identical", "identical")}
-STUDY_SPEED = {"n": "n_timed", **ci("tokens_per_s"), **ci("speedup"), **ci("speedup_authors")}
-
-
 def study_table(runs: pd.DataFrame) -> Table:
-    """A study's phases joined, one row per method (``frames.study_pairs``): quality, its paired test vs ar, its
-    non-inferiority verdict, tau and fidelity from the quality phase (every sample, batched; statistics as that
-    run's summary holds them), tokens/s and speedup from the timed phase (batch size 1, interleaved, the first
-    n_timed samples). A greedy lossless method is only timed: its quality is ar's, its tokens asserted equal to
-    ar's on the timed samples, its tau from the timed samples."""
-    pairs = study_pairs(runs)
-    t = Table("Table 7", "The study, two phases joined: quality, Δ vs ar, non-inferiority, τ and identical-to-ar "
-              "share from batched decoding of every sample (n quality; tokens equal to batch size 1, tested); "
-              "tokens/s and speedup from batch-size-1 interleaved timing of the first n timed samples, the n "
-              "chosen so that each speedup's CI is within the study's target width. sd under greedy decoding is "
-              "only timed: its tokens are ar's (asserted on the timed samples), so its quality is ar's and its τ "
-              f"is over the timed samples. {SPEED_DEFS} {NI_DEFINITION}. {CI_DEFINITION}.",
-              [("model", "model pair", ""), ("task", "task", ""), ("settings", "settings", ""), ("label", "method", ""),
-               ("theta", "θ", "g"), ("n_quality", "n quality", "d"), ("metric", "quality metric", ""),
-               ("quality", "quality", ".3f[]"), ("d_ar", "Δ vs ar", ".3f[]"), ("p_d_ar", "p vs ar", "p"),
-               ("mde_d_ar", "MDE", ".3f"), ("ni", "NI vs ar", ""), ("tau", "τ", ".2f[]"),
-               ("identical", "identical to ar (%)", ".0f"), ("n_timed", "n timed", "d"),
-               ("tokens_per_s", "tokens/s (B=1)", ".2f[]"), ("speedup", "speedup (×)", ".2f[]"),
-               ("speedup_authors", "speedup, authors' formula (×)", ".2f[]"), ("notes", "notes", "")])
-    out = []
-    for timed, q in pairs:
-        own = is_twin(timed, q)
-        src = q if own else timed   # tau and fidelity: the quality run's, or the timed samples' (greedy lossless)
-        row = {**{v: timed[k] for k, v in BASE.items()}, **_row_values(src, STUDY_QUALITY),
-               **_row_values(timed, STUDY_SPEED), "notes": _notes(t, timed)}
-        m = headline(q) if q is not None else None
-        row["n_quality"] = val(q, "n") if q is not None else None
-        if m:
-            row.update({"metric": _metric_label(q, m), **_row_values(q, ci(f"quality/{m}", "quality"))})
-            if own:
-                test = _test("d_ar", "ar")
-                row.update({v: val(q, k.format(m=m)) for k, v in test.items()})
-                ni = val(q, f"vs_ar/{m}/ni_passes")
-                row["ni"] = None if ni is None else ("yes" if ni else "no")
-        out.append(row)
-    t.data = pd.DataFrame(out)
-    return t
+    """A study's two phases joined (``study.study_table``)."""
+    from .study import study_table as joined
 
-
-def _row_values(run, names: dict) -> dict:
-    return {v: val(run, k) for k, v in names.items()}
+    return joined(runs)
 
 
 def all_tables(runs, theta: float = DEFAULT_THETA) -> dict[str, Table]:
     """Every table of ``runs`` (``Frames.runs``, or the Frames)."""
+    from .claims import claims_table
+    from .paper import paper_table
+
     runs = getattr(runs, "runs", runs)
     return {"main": main_table(runs, theta), "theta": theta_table(runs), "rules": rules_table(runs),
             "fidelity": fidelity_table(runs), "acceptance": acceptance_table(runs), "quality": quality_table(runs),
-            "study": study_table(runs)}
+            "study": study_table(runs), "paper": paper_table(runs, theta), "claims": claims_table(runs)}
 
 
 def write_tables(tables: dict[str, Table], out_dir) -> list:

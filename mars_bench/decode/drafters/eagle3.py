@@ -80,8 +80,18 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.zeros(self.draft_vocab, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(self.vocab, dtype=torch.bool))
         self.rotary = LlamaRotaryEmbedding(c)
+        self._inv_freq = self.rotary.inv_freq.detach().clone()    # fp32, on the host: not a buffer (see _apply)
         ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         self.layer_ids = None if ids is None else [int(i) + 1 for i in ids]
+
+    def _apply(self, fn, recurse=True):
+        """``to(dtype=bf16)`` and the like cast every floating buffer; the rotary frequencies stay fp32 (a bf16
+        ``inv_freq`` moves the angle of position 1000 by up to ~1 rad), on the device the others moved to."""
+        super()._apply(fn, recurse)
+        r = self.rotary
+        r.inv_freq = self._inv_freq.to(r.inv_freq.device)
+        r.original_inv_freq = self._inv_freq.to(r.inv_freq.device)
+        return self
 
     def fuse(self, feats: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "fc_norm"):
@@ -252,9 +262,11 @@ class Eagle3Drafter:
         return z[-1]
 
     @torch.inference_mode()
-    def expand(self, tokens: list[int], parent_slots: list[int]) -> torch.Tensor:
+    def expand(self, tokens, parent_slots) -> torch.Tensor:
+        """Tokens and parent slots: lists, or LongTensors left on the device."""
         allowed, pos = self._slots.add(parent_slots)
-        hidden = torch.stack([self.root_out if s < 0 else self.outs[s] for s in parent_slots])
+        slots = torch.as_tensor(parent_slots, dtype=torch.long).to(self.device)
+        hidden = torch.stack([self.root_out, *self.outs]).index_select(0, slots + 1)   # slot -1: the root's output
         out, z = self._run(tokens, hidden, pos, allowed)
         self.outs.extend(out)
         return z

@@ -43,7 +43,8 @@ class LMDrafter:
         self._slots = SlotTree(self.lm.cache_len, len(seq) - 1, self.lm.device)
         return z
 
-    def expand(self, tokens: list[int], parent_slots: list[int]) -> torch.Tensor:
+    def expand(self, tokens, parent_slots) -> torch.Tensor:
+        """Tokens and parent slots: lists, or LongTensors left on the device."""
         allowed, pos = self._slots.add(parent_slots)
         return self.lm.forward(tokens, attention_mask=additive_mask(allowed, getattr(self.lm, "model", None)),
                                position_ids=pos[None])

@@ -22,7 +22,8 @@ import torch
 
 @dataclass
 class Proposal:
-    tokens: list[int]                  # drafts in feed order (a chain d_1..d_m; a tree: nodes 1..N, BFS)
+    tokens: list[int] | torch.Tensor   # drafts in feed order (a chain d_1..d_m, a LongTensor on the draft's
+                                       # device when an LM drafted it; a tree: nodes 1..N, BFS)
     q: torch.Tensor | None = None      # chain: q_draft rows [m, V] the drafts were drawn from; None: point masses
     tree: object = None                # tree proposals: the DraftTree (node 0 = the root, seq[-1])
 
@@ -39,20 +40,3 @@ class Proposer(Protocol):
     def propose(self, rows, most: list[int]) -> list[Proposal]: ...
     def commit(self, rows, proposals, verdicts, committed, hidden=None) -> None: ...
     def select(self, keep: list[int]) -> None: ...
-
-
-def make_proposer(method, draft, cfg, tree=None):
-    """The proposer of ``method`` (None for ar); ``draft``: the draft model or EAGLE-3 drafter."""
-    if method.name == "ar":
-        return None
-    if method.name == "sd":
-        from .chain import LMChain
-
-        return LMChain(draft, method.k, method.p_min, cfg)
-    if method.name == "lookup":
-        from .lookup import PromptLookup
-
-        return PromptLookup(method.k, **method.options)
-    from .tree import TreeProposer
-
-    return TreeProposer(draft, tree, method, cfg)

@@ -38,6 +38,7 @@ class LMChain:
         self.draft.batch_prefill(row, prompt[:-1])
 
     def propose(self, rows, most: list[int]) -> list[Proposal]:
+        """Drafts stay on the draft's device (each fed back as a tensor): no host read unless ``p_min`` > 0."""
         greedy = self.cfg.temperature == 0.0
         lens = self.draft.batch_lens
         feed = [r.seq[lens[b]:] for b, r in enumerate(rows)]
@@ -50,16 +51,16 @@ class LMChain:
                     continue
                 z_d = z[b][-1]
                 if greedy:
-                    d = int(z_d.argmax(-1))
+                    d = z_d.argmax(-1, keepdim=True)
                 else:
                     q = sampling.warp(z_d, self.cfg.temperature, self.cfg.top_p)
-                    d = int(sampling.sample(q, r.gen))
+                    d = sampling.sample(q, r.gen).reshape(1)
                     q_rows[b].append(q)
                 drafts[b].append(d)
-                feed[b] = [d]
+                feed[b] = d
                 if len(drafts[b]) >= most[b] or (self.p_min > 0 and float(torch.softmax(z_d.float(), -1).max()) < self.p_min):
                     live[b] = False
-        return [Proposal(d, torch.stack(q) if q else None) for d, q in zip(drafts, q_rows)]
+        return [Proposal(torch.cat(d) if d else [], torch.stack(q) if q else None) for d, q in zip(drafts, q_rows)]
 
     def commit(self, rows, proposals, verdicts, committed, hidden=None) -> None:
         lens = self.draft.batch_lens

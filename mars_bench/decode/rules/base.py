@@ -154,6 +154,8 @@ class Rule:
         ``p_standard``: the distribution of the standard test when it is not p_target (a later sibling
         in a sampled tree is tested against the residual; the rule's clauses read the target's own)."""
         s = {**self.defaults, **settings}
+        if q_draft is not None:           # the draft may sit on another device than the target's logits
+            q_draft = q_draft.to(z.device)
         std = standard(draft, z, p_target if p_standard is None else p_standard, q_draft, u)
         out = self.fn(draft, z, p_target, q_draft, u, std, **s)
         accept, clause = out[:2]
@@ -229,6 +231,7 @@ class PathVerdict:
 @dataclass
 class ChainVerdict(PathVerdict):
     n_accepted: int = 0      # length of the accepted draft prefix, 0..k
+    accepted_tokens: list[int] = field(default_factory=list)   # the accepted drafts d_1..d_n
 
 
 def verify_chain(rule: Rule, draft: torch.Tensor, logits: torch.Tensor, q_draft: torch.Tensor | None,
@@ -242,25 +245,42 @@ def verify_chain(rule: Rule, draft: torch.Tensor, logits: torch.Tensor, q_draft:
     next token is argmax z_n (greedy) or a draw from norm(max(0, p_target_n - q_draft_n)) (the rule's
     ``correction`` = residual; ``target``: from p_target_n); after k accepts it is the bonus token
     from p_target_k. With rule ``exact`` this is lossless.
+
+    Everything is decided on the logits' device; the host reads the outcome once (n, the next token, the
+    drafts and the audit's top-2 of every verified row, in one packed ``tolist``): one sync per chain.
     """
     k = draft.shape[0]
     greedy = temperature == 0.0
+    draft = draft.to(logits.device)
     p_target = None if greedy else sampling.warp(logits, temperature, top_p)
     if not greedy and q_draft is None:      # point-mass drafts (prompt lookup): q_draft = one-hot(draft)
         q_draft = torch.nn.functional.one_hot(draft, logits.shape[-1]).to(p_target.dtype)
+    elif q_draft is not None:               # drawn on the draft's device; the target's logits may be on another
+        q_draft = q_draft.to(logits.device)
     u = None if greedy else torch.rand(k, generator=generator, device=logits.device)
-    n, clause = 0, []
     if k:
         v = rule(draft, logits[:k], None if greedy else p_target[:k], q_draft, u, **settings)
-        rejected = (~v.accept).nonzero()
-        n = int(rejected[0]) if rejected.numel() else k
-        clause = [rule.clauses[c - 1] if c else None for c in v.clause[:n].tolist()]
-    if greedy:
-        nxt = int(logits[n].argmax(-1))
-    elif n < k and rule.correction == "residual" and not bool(v.skipped[n]):
-        nxt = int(sampling.sample(sampling.residual(p_target[n], q_draft[n]), generator))
+        rejected = ~v.accept
+        n = torch.where(rejected.any(), rejected.to(torch.int8).argmax(), k)    # first rejection, else k
+        clause = v.clause
     else:
-        nxt = int(sampling.sample(p_target[n], generator))
+        n = torch.zeros((), dtype=torch.long, device=logits.device)
+        clause = draft
+    if greedy:
+        nxt = logits.index_select(0, n.reshape(1)).argmax(-1)
+    else:
+        p_n = p_target.index_select(0, n.reshape(1))
+        if k and rule.correction == "residual":
+            at = n.clamp(max=k - 1).reshape(1)
+            residual = (n < k) & ~v.skipped.index_select(0, at)
+            p_n = torch.where(residual[:, None], sampling.residual(p_n, q_draft.index_select(0, at)), p_n)
+        nxt = sampling.sample(p_n, generator)
+    z1, z2, t1, t2 = top2(logits[:k])
+    ints = torch.cat([n.reshape(1), nxt.reshape(1), draft, clause, t1, t2]).double()
+    host = torch.cat([ints, z1.double(), z2.double()]).tolist()     # the one host read
+    n, nxt = int(host[0]), int(host[1])
+    drafts, clause, t1, t2, z1, z2 = (host[2 + i * k:2 + (i + 1) * k] for i in range(6))
     m = min(n + 1, k)
-    z1, z2, t1, t2 = top2(logits[:m])
-    return ChainVerdict(nxt, clause, z1.tolist(), z2.tolist(), t1.tolist(), t2.tolist(), rule.name, n_accepted=n)
+    return ChainVerdict(nxt, [rule.clauses[int(c) - 1] if c else None for c in clause[:n]], z1[:m], z2[:m],
+                        [int(t) for t in t1[:m]], [int(t) for t in t2[:m]], rule.name, n_accepted=n,
+                        accepted_tokens=[int(d) for d in drafts[:n]])

@@ -49,9 +49,10 @@ OUTSIDE_TOP2 = Knob("outside_top2", "test", "sampling, r > theta: a draft outsid
                     choices=("test", "skip"), tag="top2", sampled_only=True)
 
 
-def _clauses(draft, z, p_target, standard, margin, sampled_top1, outside_nucleus, outside_top2="test"):
-    """Shared by both variants: (accept, clause, skipped) with clause 1 = top2_margin, 2 = top1."""
-    _, _, t1, t2 = top2(z)
+def _clauses(draft, z, p_target, standard, margin, sampled_top1, outside_nucleus, outside_top2="test", tops=None):
+    """Shared by both variants: (accept, clause, skipped) with clause 1 = top2_margin, 2 = top1. ``tops``: top2(z)
+    when the caller has it (computed once a verification)."""
+    _, _, t1, t2 = top2(z) if tops is None else tops
     top2_ok = (draft == t2) & margin
     top1_ok = draft == t1
     if p_target is not None and sampled_top1 == "margin":
@@ -69,9 +70,9 @@ def _clauses(draft, z, p_target, standard, margin, sampled_top1, outside_nucleus
 
 def _mars(draft, z, p_target, q_draft, u, standard, theta, nonpositive_top1, sampled_top1, outside_nucleus,
           outside_top2):
-    z1, z2, _, _ = top2(z)
-    return _clauses(draft, z, p_target, standard, margin_ratio(z1, z2, nonpositive_top1) > theta,
-                    sampled_top1, outside_nucleus, outside_top2)
+    tops = top2(z)
+    return _clauses(draft, z, p_target, standard, margin_ratio(tops[0], tops[1], nonpositive_top1) > theta,
+                    sampled_top1, outside_nucleus, outside_top2, tops)
 
 
 def _mars_prob(draft, z, p_target, q_draft, u, standard, theta, sampled_top1, outside_nucleus):

@@ -32,7 +32,9 @@ How children are chosen (``TreeSpec.children``; greedy decoding always uses ``to
 
 Drafters (``drafters.lm.LMDrafter`` over a small causal LM; ``drafters.eagle3.Eagle3Drafter``) are asked for
 the root's logits once and for each frontier in one forward per depth; a fed node gets the next
-drafter slot, which is how the drafter's cache is compacted after verification.
+drafter slot, which is how the drafter's cache is compacted after verification. Top-k dynamic trees are
+built on the drafter's device and read to the host once (``_dynamic_on_device``); sampled children and
+static trees are built on the host.
 The loop that drives them is ``decode.engine`` (through ``proposers.tree``).
 """
 from __future__ import annotations
@@ -168,7 +170,7 @@ class DraftTree:
             point = torch.zeros(vocab, device=device)
             point[tok] = 1.0 if self.topk_q == "onehot" else max(math.exp(self.logq[kids[i]]), 1e-10)
             return point
-        q = self.q[node].clone()
+        q = self.q[node].to(device, copy=True)      # drawn on the drafter's device
         if i:
             q[torch.tensor([self.tokens[c] for c in kids[:i]], device=q.device)] = 0.0
         return q / q.sum()
@@ -185,6 +187,13 @@ class _Pool:
 
     def add_children(self, node, z, k, cfg, gen) -> list[int]:
         toks, logp, q = _pick(z, k, self.mode, cfg, gen)
+        return self._add(node, toks, logp, q)
+
+    def add_level(self, nodes: list[int], zs: torch.Tensor, k: int, cfg, gen) -> list[int]:
+        """``add_children`` of every node of a level (``zs`` [n, V], one row per node), node by node."""
+        return [c for row, i in enumerate(nodes) for c in self.add_children(i, zs[row], k, cfg, gen)]
+
+    def _add(self, node, toks, logp, q) -> list[int]:
         if q is not None and toks:
             self.q[node] = q
         new = []
@@ -254,14 +263,69 @@ def build_tree(drafter, seq: list[int], spec: TreeSpec, max_depth: int, mode: st
         return pool.tree([], spec.topk_q)
     if spec.static_paths is not None:
         return _static(pool, drafter, z, spec, levels, cfg, gen)
-    frontier = pool.add_children(0, z, spec.top_k, cfg, gen)
+    if mode != "sample":
+        return _dynamic_on_device(seq[-1], drafter, z, spec, levels, mode)
+    frontier = pool.add_level([0], z[None], spec.top_k, cfg, gen)
     for _ in range(levels - 1):
         frontier = sorted(sorted(frontier, key=lambda i: (-pool.score[i], i))[: spec.top_k])
         if not frontier:
             break
         zs = pool.feed(drafter, frontier)
-        frontier = [c for row, i in enumerate(frontier) for c in pool.add_children(i, zs[row], spec.top_k, cfg, gen)]
+        frontier = pool.add_level(frontier, zs, spec.top_k, cfg, gen)
     return pool.tree(pool.select(spec.total_tokens - 1), spec.topk_q)
+
+
+def _dynamic_on_device(root: int, drafter, z: torch.Tensor, spec: TreeSpec, levels: int, mode: str) -> DraftTree:
+    """``build_tree`` for dynamic trees of top-k children (greedy or topk), built on the drafter's device and
+    read to the host once. The same tree as ``_Pool``: scores are float64 sums of the children's T = 1
+    log-probabilities; the frontier is the newest level's top_k by (-score, creation order), fed in creation
+    order; the kept nodes are the plain top-(total_tokens - 1) by (-score, depth, creation order), which is the
+    best-first selection for top-k children (scores never rise down a path or along siblings). Children of
+    -inf logits (padded or reduced draft vocabularies) get score -inf: never kept, fed only where a level has
+    fewer than top_k finite nodes (their slots unused)."""
+    dev, k = z.device, min(spec.top_k, z.shape[-1])
+    tok = [torch.tensor([root], device=dev)]
+    par = [torch.tensor([-1], device=dev)]
+    score = [torch.zeros(1, dtype=torch.float64, device=dev)]
+    logq = [torch.zeros(1, dtype=torch.float64, device=dev)]
+    depth, slot = [0], torch.full((1,), -1, dtype=torch.long, device=dev)
+    parents, rows, size = torch.zeros(1, dtype=torch.long, device=dev), z[None], 1
+    n_fed = 0
+    for level in range(1, levels + 1):
+        top = torch.topk(rows, k, dim=-1)
+        lp = torch.log_softmax(rows.float(), -1).gather(-1, top.indices).double()
+        base = score_all[parents][:, None] if level > 1 else torch.zeros_like(lp)
+        sc = torch.where(torch.isfinite(top.values), base + lp, torch.full_like(lp, float("-inf")))
+        n_new = sc.numel()
+        tok.append(top.indices.reshape(-1))
+        par.append(parents[:, None].expand(-1, k).reshape(-1))
+        score.append(sc.reshape(-1))
+        logq.append(lp.reshape(-1))
+        depth += [level] * n_new
+        slot = torch.cat([slot, torch.full((n_new,), -1, dtype=torch.long, device=dev)])
+        score_all, tok_all, par_all = torch.cat(score), torch.cat(tok), torch.cat(par)
+        if level == levels:
+            break
+        f = min(spec.top_k, n_new)
+        newest = torch.arange(size, size + n_new, device=dev)
+        pick = torch.sort(torch.sort(-score_all[newest], stable=True).indices[:f]).values
+        frontier = newest[pick]
+        rows = drafter.expand(tok_all[frontier], slot[par_all[frontier]])
+        slot[frontier] = torch.arange(n_fed, n_fed + f, device=dev)
+        n_fed, size, parents = n_fed + f, size + n_new, frontier
+    n = len(depth)
+    dep = torch.tensor(depth, device=dev)
+    order = torch.sort(dep[1:], stable=True).indices
+    order = order[torch.sort(-score_all[1:][order], stable=True).indices][: spec.total_tokens - 1] + 1
+    kept = torch.sort(order).values
+    pack = torch.stack([tok_all[kept].double(), par_all[kept].double(), slot[kept].double(), torch.cat(logq)[kept],
+                        score_all[kept], kept.double()])
+    toks, pars, slots, lqs, scs, ids = pack.tolist() if n > 1 else ([],) * 6      # the one host read
+    live = [j for j, s in enumerate(scs) if s != float("-inf")]
+    new = {0: 0, **{int(ids[j]): i + 1 for i, j in enumerate(live)}}
+    return DraftTree([root] + [int(toks[j]) for j in live], [-1] + [new[int(pars[j])] for j in live],
+                     [0] + [depth[int(ids[j])] for j in live], [-1] + [int(slots[j]) for j in live], mode,
+                     logq=[0.0] + [lqs[j] for j in live], topk_q=spec.topk_q)
 
 
 def _static(pool: _Pool, drafter, z, spec: TreeSpec, levels: int, cfg, gen) -> DraftTree:

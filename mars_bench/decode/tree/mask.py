@@ -20,21 +20,41 @@ def additive_mask(allowed: torch.Tensor, model) -> torch.Tensor:
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
 
 
+def ancestors(parents: list[int], device, depth: int | None = None) -> torch.Tensor:
+    """Bool [m, m] built on ``device``: entry (i, j) is True when j is i or an ancestor of i (``parents`` index
+    earlier nodes; -1 = none): ``depth`` steps (the deepest node's number of ancestors, default m), each marking
+    the ancestors one level further up with one gather; nothing is read back."""
+    m = len(parents)
+    idx = torch.arange(m, device=device)
+    par = torch.tensor(parents, dtype=torch.long, device=device)
+    parent = torch.where(par >= 0, par, idx)        # a root points at itself
+    anc, up = torch.eye(m, dtype=torch.bool, device=device), parent
+    for _ in range(m if depth is None else depth):
+        anc[idx, up] = True
+        up = parent[up]
+    return anc
+
+
 class SlotTree:
-    """Bookkeeping for tree nodes appended to a drafter's cache after ``base`` committed entries."""
+    """Bookkeeping for tree nodes appended to a drafter's cache after ``base`` committed entries; the masks and
+    positions are built on the device (the node-to-slot ancestor matrix lives there)."""
 
     def __init__(self, base: int, root_pos: int, device):
         self.base, self.root_pos, self.device = base, root_pos, device
-        self.anc: list[list[int]] = []
+        self.anc = torch.zeros(0, 0, dtype=torch.bool, device=device)     # [slots, slots]: j is i or above i
 
-    def add(self, parent_slots: list[int]):
-        """Allowed [n, base + slots] (bool) and position ids [n] for n new nodes."""
-        old, n = len(self.anc), len(parent_slots)
-        for ps in parent_slots:
-            self.anc.append((self.anc[ps] if ps >= 0 else []) + [len(self.anc)])
-        allowed = torch.zeros(n, self.base + old + n, dtype=torch.bool)
-        allowed[:, : self.base] = True
-        for i in range(n):
-            allowed[i, [self.base + s for s in self.anc[old + i]]] = True
-        pos = torch.tensor([self.root_pos + len(self.anc[old + i]) for i in range(n)])
-        return allowed.to(self.device), pos.to(self.device)
+    def add(self, parent_slots):
+        """Allowed [n, base + slots] (bool) and position ids [n] for n new nodes (``parent_slots``: a list, or a
+        LongTensor left on the device; -1 = the root)."""
+        old, n = self.anc.shape[0], len(parent_slots)
+        ps = torch.as_tensor(parent_slots, dtype=torch.long).to(self.device)
+        rows = torch.zeros(n, old + n, dtype=torch.bool, device=self.device)
+        if old:
+            rows[:, :old] = self.anc[ps.clamp(min=0)] & (ps >= 0)[:, None]
+        rows[:, old:] = torch.eye(n, dtype=torch.bool, device=self.device)
+        grown = torch.zeros(old + n, old + n, dtype=torch.bool, device=self.device)
+        grown[:old, :old] = self.anc
+        grown[old:] = rows
+        self.anc = grown
+        allowed = torch.cat([torch.ones(n, self.base, dtype=torch.bool, device=self.device), rows], 1)
+        return allowed, self.root_pos + rows.sum(1)

@@ -69,21 +69,28 @@ class TreeVerdict(PathVerdict):
 
 
 def verify_greedy(rule, tree: DraftTree, z: torch.Tensor, **rule_kwargs) -> TreeVerdict:
+    """One host read: the rule's verdict on every node, and every row's argmax and top-2 (audit), packed."""
     n = len(tree.tokens)
-    ok, n_rel, cl = [True] + [False] * (n - 1), [0] * n, [0] * n
+    ok, n_rel = [True] + [False] * (n - 1), [0] * n
+    dev = z.device
+    z1, z2, t1, t2 = top2(z)
+    parts = [t1.double(), z1.double(), z2.double(), t2.double()]
     if n > 1:
-        dev = z.device
         par = torch.tensor(tree.parents[1:], device=dev)
         v = rule(torch.tensor(tree.tokens[1:], device=dev), z[par], None, None, None, **rule_kwargs)
-        acc, cl = [False] + v.accept.tolist(), [0] + v.clause.tolist()
-        for j in range(1, n):
-            p = tree.parents[j]
-            if ok[p] and acc[j]:
-                ok[j], n_rel[j] = True, n_rel[p] + int(cl[j] > 0)
+        parts += [v.accept.double(), v.clause.double()]
+    host = torch.cat(parts).tolist()
+    rows = {name: host[i * n:(i + 1) * n] for i, name in enumerate(("t1", "z1", "z2", "t2"))}
+    acc = [False] + [bool(a) for a in host[4 * n:5 * n - 1]] if n > 1 else [False]
+    cl = [0] + [int(c) for c in host[5 * n - 1:6 * n - 2]] if n > 1 else [0]
+    for j in range(1, n):
+        p = tree.parents[j]
+        if ok[p] and acc[j]:
+            ok[j], n_rel[j] = True, n_rel[p] + int(cl[j] > 0)
     best = min((j for j in range(n) if ok[j]),
                key=lambda j: (-tree.depths[j], n_rel[j], tree.path_to(j)))
     path = tree.path_to(best)
-    return _verdict(rule, tree, z, path, [_name(rule, cl[j]) for j in path], int(z[best].argmax(-1)))
+    return _verdict(rule, tree, z, path, [_name(rule, cl[j]) for j in path], int(rows["t1"][best]), rows)
 
 
 def verify_sampled(rule, tree: DraftTree, z: torch.Tensor, temperature: float, top_p: float,
@@ -113,11 +120,16 @@ def _name(rule, c: int):
     return rule.clauses[c - 1] if c else None
 
 
-def _verdict(rule, tree: DraftTree, z: torch.Tensor, path: list[int], clause: list, nxt: int) -> TreeVerdict:
+def _verdict(rule, tree: DraftTree, z: torch.Tensor, path: list[int], clause: list, nxt: int,
+             tops: dict | None = None) -> TreeVerdict:
+    """``tops``: every row's top-2 already on the host (``verify_greedy``), else read here for the path's rows."""
     end = path[-1] if path else 0
     rejected_end = bool(tree.children[end])
     rows = [tree.parents[j] for j in path] + ([end] if rejected_end else [])
-    if rows:
+    if tops is not None:
+        z1, z2 = [tops["z1"][r] for r in rows], [tops["z2"][r] for r in rows]
+        t1, t2 = [int(tops["t1"][r]) for r in rows], [int(tops["t2"][r]) for r in rows]
+    elif rows:
         z1, z2, t1, t2 = (x.tolist() for x in top2(z[torch.tensor(rows, device=z.device)]))
     else:
         z1 = z2 = t1 = t2 = []

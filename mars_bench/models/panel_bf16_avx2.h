@@ -1,0 +1,82 @@
+/* bf16 weights on AVX2 + FMA (included by panel_gemm.c where the compiler targets AVX2 but not AVX-512):
+ * y[M, N] = x[M, K] @ W[N, K]^T + b with W held as bf16 and fp32 math, for CPUs without AVX512_BF16.
+ *
+ * The panels are those of panel_pack_bf16 (k-pair-major) with NB = 16 columns, so one k-pair step is one
+ * 64-byte line: two 32-byte loads of 8 columns x 2 k, each 32-bit lane bf16(w[j, k]) | bf16(w[j, k + 1]) << 16.
+ * lane << 16 and lane & 0xffff0000 are then the two weights as fp32 (bf16 -> fp32 is exact): the weights stay
+ * bf16 in memory and are widened only in registers. x stays fp32 (not rounded to bf16: more exact than the
+ * AVX512_BF16 kernel, the same values as F.linear(x, W.float())). Each output element is one fp32 FMA chain over
+ * k in order, computed by one thread with the same instructions whatever the chunk of rows: a row's result does
+ * not depend on the other rows of the call or on the thread count. K must be even. */
+#if NB != 16
+#error "panel_bf16_avx2.h expects 16-column panels"
+#endif
+#ifndef PFB
+#define PFB 128                                 /* prefetch distance in k-pair steps (8 KB ahead) */
+#endif
+#ifndef PFH
+#define PFH _MM_HINT_T0
+#endif
+#define RB 5                                    /* rows per chunk: 2*RB accumulators + 4 weights + 2 broadcasts */
+
+#define KERNB(R) \
+static void kernb_##R(const float *xt, long K2, const unsigned short *w, float *y, long N, const float *b) { \
+    __m256 a0[R], a1[R]; \
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u); \
+    for (int r = 0; r < R; r++) { a0[r] = _mm256_setzero_ps(); a1[r] = _mm256_setzero_ps(); } \
+    for (long k = 0; k < K2; k++) { \
+        _mm_prefetch((const char *)(w + (k + PFB) * 2 * NB), PFH); \
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(w + k * 2 * NB)); \
+        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(w + k * 2 * NB + NB)); \
+        const __m256 l0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), h0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hi)); \
+        const __m256 l1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), h1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hi)); \
+        for (int r = 0; r < R; r++) { \
+            const __m256 x0 = _mm256_broadcast_ss(xt + 2 * k * R + r), x1 = _mm256_broadcast_ss(xt + (2 * k + 1) * R + r); \
+            a0[r] = _mm256_fmadd_ps(x1, h0, _mm256_fmadd_ps(x0, l0, a0[r])); \
+            a1[r] = _mm256_fmadd_ps(x1, h1, _mm256_fmadd_ps(x0, l1, a1[r])); \
+        } \
+    } \
+    const __m256 c0 = b ? _mm256_loadu_ps(b) : _mm256_setzero_ps(), c1 = b ? _mm256_loadu_ps(b + 8) : _mm256_setzero_ps(); \
+    for (int r = 0; r < R; r++) { _mm256_storeu_ps(y + r * N, _mm256_add_ps(a0[r], c0)); \
+        _mm256_storeu_ps(y + r * N + 8, _mm256_add_ps(a1[r], c1)); } \
+}
+KERNB(1) KERNB(2) KERNB(3) KERNB(4) KERNB(5)
+typedef void (*kernb_t)(const float *, long, const unsigned short *, float *, long, const float *);
+static const kernb_t KERNBS[RB + 1] = {0, kernb_1, kernb_2, kernb_3, kernb_4, kernb_5};
+
+int panel_bf16_available(void) { return 1; }
+int panel_amx_init(void) { return 0; }
+int panel_linear_amx(const float *x, long M, long K, const unsigned short *wq, long N, const float *bias,
+                     float *y, int threads) { return -2; }
+
+/* Returns 0, or -1 when the scratch for the transposed rows cannot be allocated. */
+int panel_linear_bf16(const float *x, long M, long K, const unsigned short *wq, long N, const float *bias,
+                      float *y, int threads) {
+    float *xt = malloc(sizeof(float) * (M * K + 1));
+    if (!xt) return -1;
+    for (long r0 = 0; r0 < M; r0 += RB) {
+        long R = M - r0 < RB ? M - r0 : RB;
+        for (long k = 0; k < K; k++)
+            for (long r = 0; r < R; r++) xt[r0 * K + k * R + r] = x[(r0 + r) * K + k];
+    }
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (long p = 0; p < N / NB; p++) {
+        const unsigned short *w = wq + p * K * NB;
+        const float *b = bias ? bias + p * NB : 0;
+        for (long r0 = 0; r0 < M; r0 += RB) {
+            long R = M - r0 < RB ? M - r0 : RB;
+            KERNBS[R](xt + r0 * K, K / 2, w, y + r0 * N + p * NB, N, b);
+        }
+    }
+    free(xt);
+    return 0;
+}
+
+/* w: the weight as bf16 bits [N, K] (row-major); the same layout as the AVX512_BF16 kernel's, 16 columns wide. */
+void panel_pack_bf16(const unsigned short *w, long N, long K, unsigned short *wq, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (long p = 0; p < N / NB; p++)
+        for (long k = 0; k < K; k++)
+            for (int j = 0; j < NB; j++)
+                wq[p * K * NB + (k / 2) * 2 * NB + 2 * j + (k & 1)] = w[(p * NB + j) * K + k];
+}

@@ -1,0 +1,139 @@
+"""The paper's claims as a study's intervals resolve them, worded from the numbers, never beyond them.
+
+    claims_table(runs)   per study group (``frames.study_groups``): for a θ sweep (>= 3 thetas of one lossy family)
+                         'τ rises as θ falls', 'speedup rises as θ falls' (with and without the samples that hit
+                         the budget) and 'the quality loss grows as θ falls'; per lossy method 'quality within the
+                         non-inferiority margin'; per speculative method 'faster than ar'. Each row: the claim,
+                         its n, the evidence (values and 95% CIs) and the verdict.
+
+Verdicts: a trend is 'resolved between the ends' when the intervals at the lowest and highest θ are disjoint in
+the claimed direction, 'resolved at every step' when every neighbouring pair is, 'refuted' when the ends are
+disjoint the other way, else 'not resolved'; the evidence says where the point estimates are not monotone. A
+quality claim is 'non-inferior' (the one-sided bound clears the margin), 'refuted' (the whole interval lies beyond
+the margin), 'loss resolved, margin not decided', or 'no change larger than the MDE at n'.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from .columns import val
+from .frames import headline, study_groups
+from .tables import SPEED_DEFS
+from .writer import Table
+
+
+def _ci(r, key: str, fmt: str = ".2f") -> str:
+    v, lo, hi = val(r, key), val(r, key + "_lo"), val(r, key + "_hi")
+    if v is None:
+        return "–"
+    return format(v, fmt) + (f" [{format(lo, fmt)}, {format(hi, fmt)}]" if lo is not None and hi is not None else "")
+
+
+def trend(rs: list, key: str, rising: bool = True, fmt: str = ".2f") -> tuple[str, str]:
+    """(verdict, evidence) for 'key rises as θ falls' (``rising``; else 'falls as θ falls') over rows sorted by
+    θ descending, from their intervals (see the module doc)."""
+    rs = [r for r in sorted(rs, key=lambda r: -r["theta"]) if val(r, key) is not None]
+    if len(rs) < 2:
+        return "not resolved", "fewer than two thetas with a value"
+    sign = 1 if rising else -1
+
+    def above(a, b) -> bool | None:   # b's interval wholly beyond a's in the claimed direction (None: no CI)
+        if None in (val(a, key + "_lo"), val(a, key + "_hi"), val(b, key + "_lo"), val(b, key + "_hi")):
+            return None
+        return val(b, key + "_lo") > val(a, key + "_hi") if sign > 0 else val(b, key + "_hi") < val(a, key + "_lo")
+
+    ends, back = above(rs[0], rs[-1]), above(rs[-1], rs[0])
+    steps = [above(a, b) for a, b in zip(rs, rs[1:])]
+    values = [val(r, key) for r in rs]
+    monotone = all(sign * (b - a) > 0 for a, b in zip(values, values[1:]))
+    evidence = "; ".join(f"θ {r['theta']:g}: {_ci(r, key, fmt)}" for r in rs)
+    if not monotone:
+        breaks = [f"θ {b['theta']:g} vs {a['theta']:g}" for a, b in zip(rs, rs[1:])
+                  if sign * (val(b, key) - val(a, key)) <= 0]
+        evidence += f"; point estimates not monotone in θ ({', '.join(breaks)})"
+    if ends and all(steps) and monotone:
+        return "resolved at every step", evidence
+    if ends:
+        n_open = sum(not s for s in steps)
+        return "resolved between the ends", evidence + f"; {n_open} of {len(steps)} neighbouring steps not resolved"
+    if back:
+        return "refuted", evidence
+    return "not resolved", evidence + "; the intervals at the ends overlap"
+
+
+def quality_verdict(r, m: str) -> tuple[str, str]:
+    """(verdict, evidence) for 'quality within the non-inferiority margin' of one method (module doc)."""
+    d, lo, hi = val(r, f"vs_ar/{m}/delta"), val(r, f"vs_ar/{m}/delta_lo"), val(r, f"vs_ar/{m}/delta_hi")
+    p, mde, margin = val(r, f"vs_ar/{m}/p_value"), val(r, f"vs_ar/{m}/mde"), val(r, f"vs_ar/{m}/ni_margin")
+    ni = val(r, f"vs_ar/{m}/ni_passes")
+    higher = val(r, "metric_directions", {}).get(m, "higher") == "higher"
+    ev = (f"Δ {m} {d:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if lo is not None and hi is not None else "")
+          + (f", p = {p:.3f}" if p is not None else "") + (f", MDE {mde:.3f}" if mde is not None else "")
+          + (f", margin {margin:.3f}" if margin is not None else "")) if d is not None else "no paired test"
+    if d is None:
+        return "not tested", ev
+    if ni:
+        return "non-inferior", ev
+    beyond = margin is not None and lo is not None and hi is not None and (
+        hi < -margin if higher else lo > margin)
+    if beyond:
+        return "refuted (the whole interval is beyond the margin)", ev
+    if p is not None and p < 0.05 and ((d < 0) == higher):
+        return "loss resolved, margin not decided", ev
+    return "no change larger than the MDE at n; margin not decided", ev
+
+
+def claims_table(runs: pd.DataFrame) -> Table:
+    t = Table("Claims", "The paper's claims as this study's intervals resolve them (95% CIs; n = the samples of the "
+              "phase the value comes from: quality and τ every sample, speedup the timed ones). A trend is "
+              "'resolved between the ends' when the intervals at the lowest and highest θ are disjoint in the claimed "
+              "direction, 'at every step' when every neighbouring pair is; a quality claim is non-inferior, refuted "
+              "(the interval wholly beyond the declared margin), a loss without a margin decision, or no change "
+              "larger than the MDE. Nothing is claimed beyond these words. " + SPEED_DEFS,
+              [("task", "task", ""), ("settings", "settings", ""), ("claim", "claim", ""), ("n", "n", ""),
+               ("verdict", "verdict", ""), ("evidence", "evidence", "")])
+    out = []
+    for g in study_groups(runs).values():
+        rows = [r for _, r in g.iterrows()]
+        base = {"task": rows[0]["task_dir"], "settings": rows[0]["settings_label"]}
+        lossy = [r for r in rows if r["relaxed"] and val(r, "theta") is not None]
+        families = {}
+        for r in lossy:
+            families.setdefault(r["family"], []).append(r)
+        for fam, rs in families.items():
+            if len(rs) < 3:
+                continue
+            nq, nt = sorted({int(val(r, "n")) for r in rs}), sorted({int(val(r, "n_timed")) for r in rs})
+            for claim, key, n, rising, fmt in (
+                    (f"{fam}: τ rises as θ falls", "tau", nq, True, ".2f"),
+                    (f"{fam}: speedup rises as θ falls", "speedup", nt, True, ".2f"),
+                    (f"{fam}: speedup rises as θ falls, without samples that hit the budget", "speedup_no_budget",
+                     nt, True, ".2f")):
+                verdict, ev = trend(rs, key, rising, fmt)
+                out.append({**base, "claim": claim, "n": "/".join(map(str, n)), "verdict": verdict, "evidence": ev})
+            m = headline(rs[0])
+            if m:
+                for r in rs:   # the Δ columns under one name for trend()
+                    for x in ("", "_lo", "_hi"):
+                        r[f"_delta{x}"] = val(r, f"vs_ar/{m}/delta{x}")
+                higher = val(rs[0], "metric_directions", {}).get(m, "higher") == "higher"
+                verdict, ev = trend(rs, "_delta", rising=not higher, fmt=".2f")
+                out.append({**base, "claim": f"{fam}: the {m} loss grows as θ falls", "n": "/".join(map(str, nq)),
+                            "verdict": verdict, "evidence": f"Δ {m} vs ar: " + ev})
+        for r in rows:
+            if r["method"] == "ar":
+                continue
+            m = headline(r)
+            if r["relaxed"] and m:
+                verdict, ev = quality_verdict(r, m)
+                out.append({**base, "claim": f"{r['label']}: {m} within the non-inferiority margin",
+                            "n": str(val(r, f"vs_ar/{m}/n") or val(r, "n")), "verdict": verdict, "evidence": ev})
+            lo = val(r, "speedup_lo")
+            if val(r, "speedup") is not None:
+                verdict = "resolved" if lo is not None and lo > 1 else (
+                    "refuted" if val(r, "speedup_hi") is not None and val(r, "speedup_hi") < 1 else "not resolved")
+                out.append({**base, "claim": f"{r['label']}: faster than ar", "n": str(val(r, "n_timed")),
+                            "verdict": verdict, "evidence": f"speedup {_ci(r, 'speedup')}; without samples that hit "
+                            f"the budget {_ci(r, 'speedup_no_budget')} (n = {val(r, 'n_no_budget')})"})
+    t.data = pd.DataFrame(out)
+    return t

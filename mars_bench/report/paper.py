@@ -1,0 +1,75 @@
+"""The paper's speed table layout, regenerated from results: the authors' columns (MT-Bench, HumanEval, GSM8K,
+Alpaca, CNN/DM, mean), speedup and tau per method, our formulas and theirs in rows of their own.
+
+    paper_table(runs, theta)   one row per (model pair, decoding settings, method, formula); per task its speedup
+                               [CI] and tau from the batch-size-1 runs (a study's timed phase for speed, its
+                               quality phase for tau: ``frames.study_groups``; plain batch-size-1 runs as they
+                               are); a task without such a run is '–' (missing, never estimated), and the mean is
+                               over the five tasks only when every one is there ('mean of present' beside it).
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from .. import records as R
+from .columns import val
+from .frames import DEFAULT_THETA, at_theta, study_groups
+from .writer import Table
+
+PAPER_TASKS = (("mt_bench", "MT-Bench"), ("humaneval", "HumanEval"), ("gsm8k", "GSM8K"), ("alpaca", "Alpaca"),
+               ("cnn_dm", "CNN/DM"))
+FORMULAS = (("ours", "speedup", "tau"), ("authors'", "speedup_authors", "tau_authors"))
+
+
+def speed_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs a speed table may show: a study's methods joined (timed speed, quality-phase tau), and plain runs
+    at batch size 1 (outside studies: their speed is a latency)."""
+    joined = list(study_groups(runs).values())
+    plain = runs[runs["phase"].isna() & (runs["batch_size"].fillna(1) == 1)] if len(runs) else runs
+    parts = [p for p in joined + [plain] if len(p)]
+    return pd.concat(parts, ignore_index=True) if parts else runs.iloc[:0]
+
+
+def paper_table(runs: pd.DataFrame, theta: float = DEFAULT_THETA) -> Table:
+    """The authors' speed table layout (module doc)."""
+    names = [t for t, _ in PAPER_TASKS]
+    cols = [("model", "model pair", ""), ("settings", "settings", ""), ("label", "method", ""),
+            ("formula", "formula", "")]
+    for task, head in PAPER_TASKS:
+        cols += [(f"{task}/speedup", f"{head} speedup (×)", ".2f[]"), (f"{task}/tau", f"{head} τ", ".2f")]
+    cols += [("mean/speedup", "mean speedup (×)", ".2f"), ("mean/tau", "mean τ", ".2f"),
+             ("present", "tasks present", ""), ("mean_present/speedup", "mean of present: speedup (×)", ".2f"),
+             ("mean_present/tau", "mean of present: τ", ".2f")]
+    t = Table("Table 8", "The paper's speed table layout (the authors' columns: MT-Bench, HumanEval, GSM8K, Alpaca, "
+              "CNN/DM, mean), regenerated from the results read: speedup over ar [95% CI] and τ per task and method "
+              f"(mars at θ={theta:g}), batch size 1 (a study's timed phase; τ from its quality phase). Rows 'ours': "
+              f"{R.SPEEDUP_DEFINITION}; {R.TAU_DEFINITION}. Rows \"authors'\": {R.SPEEDUP_AUTHORS_DEFINITION}; "
+              f"{R.TAU_AUTHORS_DEFINITION}. '–' = the task was not run (missing, not estimated); the mean is over "
+              "the five tasks only when all five are present, 'mean of present' over those there.", cols)
+    chosen = speed_rows(runs)
+    chosen = chosen[chosen["task"].isin(names)] if len(chosen) else chosen
+    if len(chosen):
+        chosen = pd.concat([at_theta(g, theta) for _, g in chosen.groupby("group", sort=False)])
+    by_method: dict[tuple, dict] = {}
+    for _, r in chosen.iterrows():
+        key = (r["model_dir"], r["temperature"], r["top_p"], r["seed"], r["label"])
+        by_method.setdefault(key, {"model": r["model_dir"], "settings": f"T={r['temperature']:g} p={r['top_p']:g} "
+                                   f"seed={r['seed']}", "label": r["label"], "tasks": {}})["tasks"][r["task"]] = r
+    out = []
+    for m in by_method.values():
+        for formula, sp, tau in FORMULAS:
+            row = {"model": m["model"], "settings": m["settings"], "label": m["label"], "formula": formula}
+            for task, r in m["tasks"].items():
+                s = 1.0 if r["method"] == "ar" else val(r, sp)
+                row.update({f"{task}/speedup": s, f"{task}/tau": val(r, tau)})
+                if r["method"] != "ar":
+                    row.update({f"{task}/speedup_lo": val(r, sp + "_lo"), f"{task}/speedup_hi": val(r, sp + "_hi")})
+            for what in ("speedup", "tau"):
+                have = [row[f"{x}/{what}"] for x in names if row.get(f"{x}/{what}") is not None]
+                row[f"mean_present/{what}"] = sum(have) / len(have) if have else None
+                row[f"mean/{what}"] = row[f"mean_present/{what}"] if len(have) == len(names) else None
+            row["present"] = f"{len(m['tasks'])} of {len(names)}: " + ", ".join(
+                h for x, h in PAPER_TASKS if x in m["tasks"])
+            out.append(row)
+    t.data = pd.DataFrame(out)
+    return t

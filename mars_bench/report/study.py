@@ -1,0 +1,146 @@
+"""A study's tables (study mode: docs/reproduce.md): its two phases joined, each flag computed from the phase its
+value comes from.
+
+    study_table(runs)   one row per method (``frames.study_pairs``): quality, Δ vs ar, non-inferiority, τ and the
+                        identical-to-ar share from the quality phase (every sample, batched); tokens/s and speedup
+                        from the timed phase (batch size 1, the first samples), and the speedup without the samples
+                        that hit the token budget in either method beside it. A greedy lossless method is not
+                        decoded in the quality phase (its tokens are ar's): its row says so.
+
+Notes (footnotes) per row: the quality run's share of samples cut at max_new_tokens (k of n, beside ar's quality
+run, flagged above TRUNCATION_LIMIT), the timed run's runaway samples (their effect on the speedup), problems
+and restated numbers of either run, and the commit the records were written at ('+dirty': uncommitted changes
+in the tree, never shown as the clean commit).
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from .columns import val
+from .frames import headline, is_twin, study_pairs
+from .tables import (BASE, CI_DEFINITION, NI_DEFINITION, NO_BUDGET_DEFINITION, SPEED_DEFS, TRUNCATION_LIMIT,
+                     _metric_label, _test)
+from .writer import Table, ci
+
+QUALITY_COLUMNS = {**ci("tau"), **ci("pct_identical", "identical")}
+SPEED_COLUMNS = {"n": "n_timed", **ci("tokens_per_s"), **ci("speedup"), **ci("speedup_authors"),
+                 **ci("speedup_no_budget"), "n_no_budget": "n_no_budget"}
+
+
+def study_table(runs: pd.DataFrame) -> Table:
+    """The study's phases joined, one row per timed run (see the module doc)."""
+    t = Table("Table 7", "The study, two phases joined: quality, Δ vs ar, non-inferiority, τ and identical-to-ar "
+              "share from batched decoding of every sample (n quality; tokens equal to batch size 1, tested); "
+              "tokens/s and speedup from batch-size-1 interleaved timing of the first n timed samples. sd under "
+              "greedy decoding is not decoded in the quality phase ('quality from' says so): its tokens are ar's "
+              "(asserted on the timed samples), so its quality is ar's and its τ and identical share are over the "
+              f"timed samples. {SPEED_DEFS} {NO_BUDGET_DEFINITION} (timed samples; n beside it). {NI_DEFINITION}. "
+              f"{CI_DEFINITION}; each truncation note states the share and n of the phase its value comes from.",
+              [("model", "model pair", ""), ("task", "task", ""), ("settings", "settings", ""), ("label", "method", ""),
+               ("theta", "θ", "g"), ("source", "quality from", ""), ("n_quality", "n quality", "d"),
+               ("metric", "quality metric", ""), ("quality", "quality", ".3f[]"), ("d_ar", "Δ vs ar", ".3f[]"),
+               ("p_d_ar", "p vs ar", "p"), ("mde_d_ar", "MDE", ".3f"), ("ni", "NI vs ar", ""),
+               ("tau", "τ", ".2f[]"), ("identical", "identical to ar (%)", ".0f"), ("n_timed", "n timed", "d"),
+               ("tokens_per_s", "tokens/s (B=1)", ".2f[]"), ("speedup", "speedup (×)", ".2f[]"),
+               ("speedup_no_budget", "speedup without budget hits (×)", ".2f[]"),
+               ("n_no_budget", "n without budget hits", "d"),
+               ("speedup_authors", "speedup, authors' formula (×)", ".2f[]"), ("notes", "notes", "")])
+    by_key = {r["run"]: r for _, r in runs.iterrows()}
+    out = []
+    for timed, q in study_pairs(runs):
+        own = is_twin(timed, q)
+        row = {**{v: timed[k] for k, v in BASE.items()}, **_values(q if own else timed, QUALITY_COLUMNS),
+               **_values(timed, SPEED_COLUMNS), "source": _source(timed, q, own),
+               "n_quality": val(q, "n") if own else None}
+        m = headline(q) if q is not None else None
+        if q is not None and not m:
+            row["metric"] = "none reported (e.g. no judge configured)"
+        if m:
+            row.update({"metric": _metric_label(q, m), **_values(q, ci(f"quality/{m}", "quality"))})
+            if own:
+                row.update({v: val(q, k.format(m=m)) for k, v in _test("d_ar", "ar").items()})
+                ni = val(q, f"vs_ar/{m}/ni_passes")
+                row["ni"] = None if ni is None else ("yes" if ni else "no")
+        ar_q = by_key.get(val(q, "baseline")) if own else None
+        row["notes"] = study_notes(t, timed, q if own else None, ar_q)
+        out.append(row)
+    t.data = pd.DataFrame(out)
+    return t
+
+
+def _values(run, names: dict) -> dict:
+    return {v: val(run, k) for k, v in names.items()}
+
+
+def _source(timed, q, own: bool) -> str | None:
+    """Where the row's quality comes from: the method's own quality run, or ar's (not decoded for quality)."""
+    if q is None:
+        return None
+    if own:
+        return f"own run, b={val(q, 'batch_size')}"
+    same = val(timed, "pct_identical")
+    n = val(timed, "n_compared")
+    ident = f"; identical on {round(same * n / 100)} of {n} timed" if same is not None and n else ""
+    return f"not decoded: ar's{ident}"
+
+
+def _budget_share(run) -> tuple[int, int, float] | None:
+    """(samples cut at max_new_tokens, samples, share) of one run; None without samples."""
+    n, k = val(run, "n"), val(run, "n_budget")
+    if k is None:
+        share = val(run, "truncated")
+        k = None if share is None or not n else round(share * n)
+    return (int(k), int(n), k / n) if k is not None and n else None
+
+
+def quality_budget_note(q, ar_q) -> str | None:
+    """The quality run's budget cuts when above TRUNCATION_LIMIT: 'k of n (x%)', beside ar's quality run."""
+    cut = _budget_share(q)
+    if cut is None or cut[2] <= TRUNCATION_LIMIT:
+        return None
+    base = _budget_share(ar_q) if ar_q is not None else None
+    ar = f"; ar's quality run: {base[0]} of {base[1]}" if base else ""
+    return (f"{q['tag']} quality phase: {cut[0]} of {cut[1]} samples ({cut[2]:.1%}) stopped at max_new_tokens "
+            f"(> {TRUNCATION_LIMIT:.0%}{ar}): its quality includes outputs cut at the token budget")
+
+
+def timed_budget_note(timed) -> str | None:
+    """The timed run's runaway samples: how many, and where the speedup without them is."""
+    cut, dropped = _budget_share(timed), val(timed, "n_budget_dropped")
+    if not dropped and (cut is None or cut[0] == 0):
+        return None
+    cuts = f"{cut[0]} of {cut[1]} samples ({cut[2]:.0%}) stopped at max_new_tokens" if cut else "samples hit the budget"
+    return (f"{timed['tag']} timed phase: {cuts}; {dropped or 0} of its {val(timed, 'n')} speed pairs hit the budget "
+            f"in it or in ar: its speedup includes them, the column 'speedup without budget hits' leaves them out")
+
+
+def commit_note(commit: str | None) -> str:
+    if not commit:
+        return "records without a recorded commit"
+    if commit.endswith("+dirty"):
+        return (f"records written at {commit}: the tree had uncommitted changes, so the code is not exactly commit "
+                f"{commit.removesuffix('+dirty')[:7]}")
+    return f"records written at commit {commit}"
+
+
+def study_notes(table: Table, timed, q, ar_q) -> str:
+    """Footnote markers of a study row (see the module doc); ⚠ for problems, budget flags and a dirty tree."""
+    warn, items = [], []
+    for run in [r for r in (q, timed) if r is not None]:
+        problems = val(run, "problems", [])
+        if problems:
+            warn.append(f"{len(problems)} problem(s) in {run['tag']}: " + "; ".join(problems))
+        items += [f"{run['tag']}: {n}" for n in val(run, "notes", []) if not n.startswith("no speedup")]
+        machines = val(run, "machines") or []
+        if len(machines) > 1:
+            items.append(f"{run['tag']}: decoded on {len(machines)} machines ({'; '.join(machines)})")
+    quality_cut = quality_budget_note(q, ar_q) if q is not None else None
+    warn += [quality_cut] if quality_cut else []
+    timed_cut = timed_budget_note(timed)
+    warn += [timed_cut] if timed_cut else []
+    commits = sorted({c for r in (q, timed) if r is not None for c in [val(r, "commit")]}, key=str)
+    dirty = [commit_note(c) for c in commits if c and c.endswith("+dirty")]
+    warn += dirty
+    items += [commit_note(c) for c in commits if not (c and c.endswith("+dirty"))]
+    marks = [table.footnote(text) for text in warn + items]
+    return ("⚠ " if warn else "") + ",".join(f"[{m}]" for m in marks)

@@ -1,0 +1,162 @@
+"""`make reproduce-full` as named shards: each a list of mars-bench commands with its own results tree
+(``results/shards/<name>/``) and its own pack (``results/study/<name>.tar.xz``, written once every command of the
+shard has finished), so that the study can be spread over sittings.
+
+    python -m mars_bench.shards list                       # names, what each runs, its estimated time
+    python -m mars_bench.shards run NAME [NAME ...] [--allow-dirty] [-- override ...]   # overrides: every command
+    python -m mars_bench.shards run --all                  # every shard whose pack is not there yet
+    python -m mars_bench.shards check-clean [--allow-dirty]  # refuse a run from a tree with uncommitted changes
+
+Resuming: rerunning a shard reruns its commands in the same results tree, and every run resumes (finished
+samples are skipped, a line torn by a kill is cut off: docs/reproduce.md); a shard's timed phase has a fixed
+size (``study.timed_min`` = ``study.timed_max``), so which samples are timed never depends on when the run was
+interrupted: an interrupted shard ends with exactly the samples of an uninterrupted one. A shard whose pack
+exists is done and is skipped. The report reads any set of packs and names the shards missing from it
+(``missing``).
+
+A tree with uncommitted changes records its commit as ``<sha>+dirty`` (``records.git_commit``); ``run`` and
+``check-clean`` refuse such a tree unless ``--allow-dirty`` (``ALLOW_DIRTY=1`` in the Makefile).
+
+Sizes: ``Shard.est_min`` is the minutes each shard is expected to take on the 2-core Intel Xeon with AMX that
+ran the committed study (results/study.tar.xz, commit 184c14b+dirty, 30 min 43 s for WMT19 100 + GSM8K 40), scaled
+from its timed phase (sum of the timed records' wall time) and its quality phase (the rest of the run), and, for
+the tasks it did not run, from the 16-sample prefixes of docs/reproduce.md (same machine kind, int8 draft: upper
+bounds). No study has been timed on the AVX2-only EPYC kind: a fresh `make run` took 30 min there (DESIGN.md)
+against the 3.5 min the Makefile states, ~8.6x, so expect several times these minutes on that kind."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+RUNS = Path("results/shards")    # each shard's results tree: RUNS/<name>/ (not committed)
+PACKS = Path("results/study")    # each shard's pack: PACKS/<name>.tar.xz (committed)
+DRAFT = ("model.draft_quant=q4",)   # the committed study's draft (Makefile STUDY_DRAFT)
+
+
+@dataclass(frozen=True)
+class Shard:
+    commands: tuple[tuple[str, ...], ...]   # mars-bench argument lists, run in order in the shard's tree
+    est_min: float                          # expected minutes on the AMX machine (module doc)
+    what: str
+
+
+def _methods(task: str, timed: int) -> tuple[str, ...]:
+    return ("+experiment=study_methods", f"task={task}", f"study.timed_min={timed}", f"study.timed_max={timed}", *DRAFT)
+
+
+# est_min: quality + timed minutes (module doc). WMT19: quality 10.8 (the committed run's 30.7 min less its 11.1
+# min of timed records, split 15.2 : 12.5 between WMT19 and GSM8K as at 1cfbcf9) + timed 5.9 x 48 / 12. GSM8K:
+# 8.8 x 121 / 40 + 5.2 x 8 / 4. Others: docs/reproduce.md's quality projection + timed n x mean tokens x 0.41 s.
+SHARDS: dict[str, Shard] = {
+    "wmt19": Shard((("+experiment=study_theta", "task=wmt19_zh_en", "study.timed_min=48", "study.timed_max=48",
+                     *DRAFT),), 10.8 + 5.9 * 4, "WMT19 zh-en, the authors' 100 segments, θ sweep; 48 timed"),
+    "gsm8k": Shard((_methods("gsm8k", 8),), 8.8 * 121 / 40 + 5.2 * 2, "GSM8K, the first 121; 8 timed"),
+    "humaneval": Shard((_methods("humaneval", 8),), 64 + 8 * 159 * 0.41 / 60, "HumanEval, all 164; 8 timed"),
+    "mt_bench": Shard((_methods("mt_bench", 4),), 45 + 4 * 630 * 0.41 / 60,
+                      "MT-Bench, 80 x 2 turns (no judge: speed, tau, fidelity); 4 timed"),
+    "alpaca": Shard((_methods("alpaca", 8),), 23 + 8 * 123 * 0.41 / 60, "Alpaca, Spec-Bench's 80; 8 timed"),
+    "cnn_dm": Shard((_methods("cnn_dm", 4),), 110 + 4 * 120 * 0.41 / 60,
+                    "CNN/DM, Spec-Bench's 80 (prompts to 1,372 tokens: the least certain); 4 timed"),
+    "trees": Shard((("+experiment=paper_trees", "task=wmt19_zh_en", "limit=16"),), 20,
+                   "the T = 1 tree arm, WMT19 segments 1-16, one seed"),
+}
+
+
+class DirtyTree(RuntimeError):
+    pass
+
+
+def check_clean(allow_dirty: bool) -> str:
+    """The commit the records will carry; DirtyTree when it is '+dirty' and ``allow_dirty`` is false."""
+    from .records import git_commit
+
+    commit = git_commit()
+    if commit.endswith("+dirty") and not allow_dirty:
+        raise DirtyTree(f"the working tree has uncommitted changes (commit {commit}); allowed: a clean tree, or "
+                        "--allow-dirty (ALLOW_DIRTY=1) to run anyway, the records then say +dirty")
+    return commit
+
+
+def pack_path(name: str, packs: Path = PACKS) -> Path:
+    return Path(packs) / f"{name}.tar.xz"
+
+
+def run_shard(name: str, shards: dict[str, Shard] | None = None, runs: Path = RUNS, packs: Path = PACKS,
+              extra: tuple[str, ...] = (), cwd: Path | None = None) -> Path:
+    """Run (or resume) one shard's commands in ``runs/<name>``, then write its pack; returns the pack's path.
+    A shard whose pack exists is skipped. A failing command raises CalledProcessError (the runs stay)."""
+    from .report.pack import pack
+
+    shards = SHARDS if shards is None else shards
+    if name not in shards:
+        raise ValueError(f"shard {name!r}; allowed: {', '.join(shards)}")
+    out = pack_path(name, packs)
+    if out.is_file():
+        print(f"shards: {name}: done ({out} exists)", file=sys.stderr)
+        return out
+    tree = Path(runs) / name
+    for args in shards[name].commands:
+        cmd = [sys.executable, "-m", "mars_bench.cli", *args, *extra, f"results_dir={tree}"]
+        print(f"shards: {name}: {' '.join(cmd[2:])}", file=sys.stderr)
+        subprocess.run(cmd, check=True, cwd=cwd)
+    members = pack(tree, out)
+    print(f"shards: {name}: packed {len(members)} files to {out}", file=sys.stderr)
+    return out
+
+
+def shard_of(path) -> str | None:
+    """The shard a pack is, by its file name (``<name>.tar.xz``); None for any other root."""
+    name = Path(str(path)).name
+    return name[:-len(".tar.xz")] if name.endswith(".tar.xz") else None
+
+
+def missing(roots, shards: dict[str, Shard] | None = None) -> list[str] | None:
+    """The shards not among ``roots`` when at least one root is a shard's pack; None when none is (not a
+    sharded study)."""
+    shards = SHARDS if shards is None else shards
+    given = {shard_of(r) for r in roots} & set(shards)
+    return [s for s in shards if s not in given] if given else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mars_bench.shards", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="each shard: name, estimated minutes (AMX machine), what it runs")
+    r = sub.add_parser("run", help="run or resume shards, then pack each")
+    r.add_argument("names", nargs="*")
+    r.add_argument("--all", action="store_true", help="every shard (those packed already are skipped)")
+    r.add_argument("--allow-dirty", action="store_true", help="run from a tree with uncommitted changes")
+    r.add_argument("--runs", default=str(RUNS), help=f"results trees (default {RUNS})")
+    r.add_argument("--packs", default=str(PACKS), help=f"packs (default {PACKS})")
+    c = sub.add_parser("check-clean", help="exit 2 when the tree has uncommitted changes")
+    c.add_argument("--allow-dirty", action="store_true")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, extra = ap.parse_args(argv[:cut]), tuple(argv[cut + 1:])   # after --: overrides for every command
+    try:
+        if args.cmd == "list":
+            for name, s in SHARDS.items():
+                print(f"{name}\t{s.est_min:.0f} min\t{s.what}")
+            print(f"total\t{sum(s.est_min for s in SHARDS.values()):.0f} min (2-core Intel Xeon with AMX; module doc)")
+            return 0
+        check_clean(args.allow_dirty)
+        if args.cmd == "check-clean":
+            return 0
+        names = list(SHARDS) if args.all else args.names
+        unknown = [n for n in names if n not in SHARDS]
+        if not names or unknown:
+            raise ValueError(f"shard {unknown[0] if unknown else 'none'!r}; allowed: --all or one or more of "
+                             f"{', '.join(SHARDS)}")
+        for name in names:
+            run_shard(name, runs=Path(args.runs), packs=Path(args.packs), extra=extra)
+    except (ValueError, DirtyTree) as e:
+        print(f"shards: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

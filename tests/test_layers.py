@@ -1,0 +1,112 @@
+"""The package's import graph (issue 31): no cycle between modules and no import from a lower layer up, lazy
+imports inside functions included. A new top-level module or package is placed in LAYERS, or this fails."""
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "mars_bench"
+
+# Lowest first. A module may import its own layer's modules (without a cycle) and any lower layer's.
+LAYERS = [
+    {"errors", "files", "locking", "interrupts", "system_prompts"},
+    {"decode"},                       # the engine: no Hydra, no files, no models/ (backends plug in)
+    {"models"},                       # backends, kernels, loading
+    {"tasks"},
+    {"stats", "records"},
+    {"config"},                       # the schema and its checks
+    {"tags"},                         # RunSpec, built from a config
+    {"summary"},
+    {"shards", "report"},
+    {"wandb_logger"},
+    {"engines"},                      # engines other than native (vLLM): hand a job's prompts over, get records
+    {"runner"},
+    {"callbacks", "cli", "run", "cache_cli", "slurm", "__init__"},
+]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = p.relative_to(PKG.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = p
+    return out
+
+
+def _edges(mods: dict[str, Path]) -> dict[str, set[str]]:
+    edges = {m: set() for m in mods}
+    for name, path in mods.items():
+        pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in mods]
+                found = subs if len(subs) == len(node.names) else [target] + subs
+            elif isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            else:
+                continue
+            edges[name] |= {t for t in found if t in mods and t != name}
+    return edges
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else "__init__"
+    for i, group in enumerate(LAYERS):
+        if top in group:
+            return i
+    raise AssertionError(f"mars_bench.{top} is in no layer of tests/test_layers.py LAYERS; place it there")
+
+
+def test_no_import_from_a_lower_layer_up():
+    mods = _modules()
+    up = sorted(f"{a} -> {b}" for a, bs in _edges(mods).items() for b in bs if _layer(b) > _layer(a))
+    assert not up, "imports from a lower layer up:\n" + "\n".join(up)
+
+
+def test_no_import_cycle():
+    mods = _modules()
+    edges = _edges(mods)
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+
+    def visit(v):   # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in mods:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
+    """The checks above can fail: a planted lower -> upper import and a planted cycle are found."""
+    mods = {"mars_bench.decode.x": tmp_path / "x.py", "mars_bench.decode.y": tmp_path / "y.py",
+            "mars_bench.runner": tmp_path / "runner.py"}
+    (tmp_path / "x.py").write_text("from . import y\n")
+    (tmp_path / "y.py").write_text("def f():\n    from ..runner import run\n    from .x import g\n")
+    (tmp_path / "runner.py").write_text("")
+    edges = _edges(mods)
+    assert edges["mars_bench.decode.x"] == {"mars_bench.decode.y"}
+    assert edges["mars_bench.decode.y"] == {"mars_bench.runner", "mars_bench.decode.x"}
+    assert _layer("mars_bench.decode.y") < _layer("mars_bench.runner")

@@ -1,0 +1,146 @@
+"""`make reproduce-full` in shards (mars_bench/shards.py), on a 2-shard mini study of the tiny pair: one shard
+killed mid-run and resumed ends with exactly the samples (ids, phases, tokens) of an uninterrupted run; each
+shard writes its own pack; the report reads any set of packs and names the shards missing; a dirty tree is
+refused unless allowed."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from mars_bench import shards as S
+from mars_bench.report import write_report
+
+from .conftest import data_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMON = ("model=tiny", "progress=false", "max_new_tokens=24", "study.batch_size=3", "study.timed_min=3",
+          "study.timed_max=3")
+MINI = {"a": S.Shard((("+compare=methods", "task=gsm8k", "limit=8", *COMMON),), 1, "tiny GSM8K"),
+        "b": S.Shard((("+compare=methods", "task=prompts", "limit=4", *COMMON),), 1, "tiny prompts")}
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MARS_BENCH_DATA_DIR", str(data_dir()))
+
+
+def _contents(pack: Path) -> dict:
+    """run path -> {sample id: (phase, output tokens per turn)} of every samples.jsonl in a pack."""
+    out = {}
+    with tarfile.open(pack, "r:xz") as tar:
+        for m in tar.getmembers():
+            if m.name.endswith("samples.jsonl"):
+                recs = [json.loads(x) for x in tar.extractfile(m).read().decode().splitlines() if x.strip()]
+                out[str(Path(m.name).parent)] = {r["id"]: (r["phase"], [t["output_ids"] for t in r["turns"]])
+                                                 for r in recs}
+    return out
+
+
+def _kill_mid_run(tree: Path) -> int:
+    """Start shard a's command in ``tree``, SIGKILL it once a sample is written; the samples written by then."""
+    args = MINI["a"].commands[0]
+    proc = subprocess.Popen([sys.executable, "-m", "mars_bench.cli", *args, f"results_dir={tree}"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 180
+    lines = lambda: sum(f.read_bytes().count(b"\n") for f in tree.rglob("samples.jsonl"))  # noqa: E731
+    while time.monotonic() < deadline and proc.poll() is None and lines() < 1:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the shard ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    return lines()
+
+
+def test_interrupted_shards_end_with_the_samples_of_an_uninterrupted_run(tmp_path):
+    whole = {n: S.run_shard(n, MINI, tmp_path / "u" / "runs", tmp_path / "u" / "packs", cwd=ROOT) for n in MINI}
+
+    cut = tmp_path / "i"
+    done = _kill_mid_run(cut / "runs" / "a")
+    total = sum(len(v) for v in _contents(whole["a"]).values())
+    assert 1 <= done < total and not S.pack_path("a", cut / "packs").exists()
+    resumed = {n: S.run_shard(n, MINI, cut / "runs", cut / "packs", cwd=ROOT) for n in MINI}
+    for n in MINI:
+        assert resumed[n] == S.pack_path(n, cut / "packs")
+        assert _contents(resumed[n]) == _contents(whole[n]), n
+    phases = {p for run in _contents(resumed["a"]).values() for p, _ in run.values()}
+    assert phases == {"quality", "timed"}
+    # a packed shard is done: rerunning it decodes nothing and keeps its pack
+    before = resumed["a"].read_bytes()
+    assert S.run_shard("a", MINI, cut / "runs", cut / "packs", cwd=ROOT).read_bytes() == before
+
+    # the report reads any set of packs and names the shards missing (this registry's names)
+    import mars_bench.shards as mod
+    orig = mod.SHARDS
+    mod.SHARDS = MINI
+    try:
+        one = write_report([resumed["a"]], tmp_path / "rep1", figures=False)
+        both = write_report(list(resumed.values()), tmp_path / "rep2", figures=False)
+    finally:
+        mod.SHARDS = orig
+    assert one["missing_shards"] == ["b"] and "Shards missing: b" in (tmp_path / "rep1" / "report.md").read_text()
+    assert both["missing_shards"] == [] and set(both["frames"].runs["task"]) == {"gsm8k", "prompts"}
+
+
+def test_missing_is_none_outside_a_sharded_study():
+    assert S.missing(["results/study.tar.xz", "results"]) is None
+    assert S.missing(["results/study/gsm8k.tar.xz"]) == [n for n in S.SHARDS if n != "gsm8k"]
+
+
+def test_a_dirty_tree_is_refused_unless_allowed(monkeypatch, capsys):
+    import mars_bench.records as R
+
+    monkeypatch.setattr(R, "git_commit", lambda: "abc1234+dirty")
+    with pytest.raises(S.DirtyTree, match=r"abc1234\+dirty.*--allow-dirty"):
+        S.check_clean(False)
+    assert S.check_clean(True) == "abc1234+dirty"
+    assert S.main(["run", "gsm8k"]) == 2 and "uncommitted changes" in capsys.readouterr().err
+    monkeypatch.setattr(R, "git_commit", lambda: "abc1234")
+    assert S.check_clean(False) == "abc1234"
+
+
+def test_every_shard_fits_two_hours_on_the_machine_that_timed_the_study():
+    assert set(S.SHARDS) == {"wmt19", "gsm8k", "humaneval", "mt_bench", "alpaca", "cnn_dm", "trees"}
+    assert all(0 < s.est_min <= 120 for s in S.SHARDS.values())
+    for s in S.SHARDS.values():   # a fixed timed size: which samples are timed never depends on an interruption
+        for args in s.commands:
+            opts = dict(a.split("=", 1) for a in args if "=" in a)
+            if "study.timed_min" in opts or "+experiment=study_methods" in args:
+                assert opts["study.timed_min"] == opts["study.timed_max"]
+
+
+@pytest.fixture(scope="module")
+def hydra_ctx():
+    from hydra import initialize_config_dir
+
+    from mars_bench import config as C
+
+    C.register()
+    with initialize_config_dir(config_dir=str(ROOT / "mars_bench" / "conf"), version_base="1.3"):
+        yield
+
+
+@pytest.mark.parametrize("name", sorted(S.SHARDS))
+def test_every_shard_command_composes_and_validates(hydra_ctx, name):
+    """Each command of each real shard composes with its overrides and validates (a study's too), every interleaved
+    entry included, before anyone spends hours on it."""
+    from hydra import compose
+
+    from mars_bench import config as C
+
+    for args in S.SHARDS[name].commands:
+        cfg = compose("config", overrides=list(args))
+        C.validate(cfg)
+        if cfg.study.batch_size:
+            C.validate_study(cfg)
+            assert cfg.study.timed_min == cfg.study.timed_max and cfg.subset == "paper"
+        for entry in cfg.interleave:
+            C.validate(compose("config", overrides=[*args, *entry]))
