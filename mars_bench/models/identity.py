@@ -45,7 +45,7 @@ def weights_identity(source: str, ref: str | None, *, seed: int = 0, noise: floa
     if source == "tiny":
         from .tiny import tiny_config
 
-        arch = hashlib.sha256(tiny_config(0).to_json_string(use_diff=False).encode()).hexdigest()[:12]
+        arch = hashlib.sha256(tiny_config(1024).to_json_string(use_diff=False).encode()).hexdigest()[:12]
         return f"tiny:{arch}:seed{int(seed)}" + ("" if noise is None else f":noise{float(noise):g}")
     if ref is None:
         return None
