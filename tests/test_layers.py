@@ -23,6 +23,18 @@ LAYERS = [
 ]
 
 
+# Upward imports still to remove (issue 31, open): each is listed so that no new one can appear unnoticed.
+KNOWN_UP = {
+    "mars_bench.config -> mars_bench.engines.vllm",          # engine validation: belongs in engines/, called by runner
+    "mars_bench.decode.backend -> mars_bench.models.adapter",  # COMPACT_SLACK: the backend Protocol should own it
+    "mars_bench.decode.backend -> mars_bench.models.kvcache",
+    "mars_bench.engines.vllm -> mars_bench.runner",          # record builders: move them below the runner
+}
+# Lazy imports that close a cycle inside one layer, still to remove (tables assembles the study and claims tables,
+# which import its definitions: the definitions belong in a module of their own).
+KNOWN_CYCLE = {"mars_bench.report.tables -> mars_bench.report.study", "mars_bench.report.tables -> mars_bench.report.claims"}
+
+
 def _modules() -> dict[str, Path]:
     out = {}
     for p in PKG.rglob("*.py"):
@@ -64,12 +76,14 @@ def _layer(module: str) -> int:
 def test_no_import_from_a_lower_layer_up():
     mods = _modules()
     up = sorted(f"{a} -> {b}" for a, bs in _edges(mods).items() for b in bs if _layer(b) > _layer(a))
+    assert set(up) >= KNOWN_UP, f"gone, remove from KNOWN_UP: {sorted(KNOWN_UP - set(up))}"
+    up = [e for e in up if e not in KNOWN_UP]
     assert not up, "imports from a lower layer up:\n" + "\n".join(up)
 
 
 def test_no_import_cycle():
     mods = _modules()
-    edges = _edges(mods)
+    edges = {a: {b for b in bs if f"{a} -> {b}" not in KNOWN_UP | KNOWN_CYCLE} for a, bs in _edges(mods).items()}   # listed above
     index, low, stack, on, cycles = {}, {}, [], set(), []
 
     def visit(v):   # Tarjan's strongly connected components

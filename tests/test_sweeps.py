@@ -66,7 +66,7 @@ def test_every_config_composes_and_validates(hydra_ctx, override):
 def test_every_config_file_is_covered():
     groups = [p.parent.relative_to(CONF).as_posix() for p in CONF.rglob("*.yaml") if p.parent != CONF]
     assert set(groups) == {"model", "method", "rule", "task", "logger", "sweep", "experiment", "debug", "compare",
-                           "protocol", "hydra/launcher", "hydra/callbacks"}
+                           "protocol", "hydra/launcher", "hydra/callbacks", "engine"}
 
 
 def test_paper_model_configs(hydra_ctx):
