@@ -101,6 +101,20 @@ def analytic(theta, sampled_top1):
     return std, top2, top1
 
 
+def committed_law(theta, sampled_top1) -> torch.Tensor:
+    """The law of the first committed token at the toy position: q_draft(t) a(t) + P(reject) residual(t), with
+    a = 1 where a clause holds, else min(1, p_target / q_draft)."""
+    margin = float(Z[1]) / float(Z[0]) > theta
+    a = torch.minimum(torch.ones(4), P / Q)
+    if margin:
+        a[1] = 1.0
+    if sampled_top1 == "always" or margin:
+        a[0] = 1.0
+    acc = Q * a
+    residual = (P - Q).clamp_min(0)
+    return (acc + (1 - acc.sum()) * residual / residual.sum()).double()
+
+
 N_MC = 20000
 
 

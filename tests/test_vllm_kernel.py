@@ -9,7 +9,7 @@ from scipy.stats import binomtest, chisquare
 
 from mars_bench.decode import rules, sampling
 
-from .test_mars_sampled import P, Q, Z, analytic
+from .test_mars_sampled import P, Q, Z, analytic, committed_law
 
 pytestmark = pytest.mark.vllm
 
@@ -92,14 +92,6 @@ def test_sampled_law_with_vllms_kernel(patched, theta, sampled_top1):
     accepted = (out[:, 1] != -1)
     std, top2, top1 = analytic(theta, sampled_top1)
     assert binomtest(int(accepted.sum()), n, std + top2 + top1).pvalue > 1e-3
-    margin = float(Z[1]) / float(Z[0]) > theta
-    a = torch.minimum(torch.ones(4), P / Q)
-    if margin:
-        a[1] = 1.0
-    if sampled_top1 == "always" or margin:
-        a[0] = 1.0
-    acc = Q * a
-    residual = (P - Q).clamp_min(0)
-    law = (acc + (1 - acc.sum()) * residual / residual.sum()).double()
+    law = committed_law(theta, sampled_top1)
     first = torch.bincount(out[:, 0].long(), minlength=4).tolist()
     assert chisquare(first, (law / law.sum() * n).tolist()).pvalue > 1e-3, (first, law)

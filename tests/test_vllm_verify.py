@@ -17,7 +17,7 @@ from scipy.stats import binomtest, chisquare
 from mars_bench.decode import rules, sampling
 from mars_bench.engines import verify
 
-from .test_mars_sampled import P, Q, Z, analytic
+from .test_mars_sampled import P, Q, Z, analytic, committed_law
 
 V = 50
 
@@ -189,16 +189,7 @@ def test_sampled_acceptance_and_first_token_law_match_the_analytic_ones(theta, s
             assert counts[key] == 0, key
         else:
             assert binomtest(counts[key], N_MC, prob).pvalue > 1e-3, (key, counts[key] / N_MC, prob)
-    # the law of the committed token: q(t) a(t) + P(reject) residual(t), a = 1 where a clause holds, else min(1, p/q)
-    margin = float(Z[1]) / float(Z[0]) > theta
-    a = torch.minimum(torch.ones(4), P / Q)
-    if margin:
-        a[1] = 1.0
-    if sampled_top1 == "always" or margin:
-        a[0] = 1.0
-    acc = Q * a
-    residual = (P - Q).clamp_min(0)
-    law = (acc + (1 - acc.sum()) * residual / residual.sum()).double()
+    law = committed_law(theta, sampled_top1)
     assert chisquare(first, (law / law.sum() * N_MC).tolist()).pvalue > 1e-3, (first, law)
 
 

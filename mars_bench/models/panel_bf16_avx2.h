@@ -71,12 +71,3 @@ int panel_linear_bf16(const float *x, long M, long K, const unsigned short *wq, 
     free(xt);
     return 0;
 }
-
-/* w: the weight as bf16 bits [N, K] (row-major); the same layout as the AVX512_BF16 kernel's, 16 columns wide. */
-void panel_pack_bf16(const unsigned short *w, long N, long K, unsigned short *wq, int threads) {
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (long p = 0; p < N / NB; p++)
-        for (long k = 0; k < K; k++)
-            for (int j = 0; j < NB; j++)
-                wq[p * K * NB + (k / 2) * 2 * NB + 2 * j + (k & 1)] = w[(p * NB + j) * K + k];
-}

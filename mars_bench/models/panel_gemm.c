@@ -191,15 +191,6 @@ int panel_linear_bf16(const float *x, long M, long K, const unsigned short *wq, 
     return 0;
 }
 
-/* w: the weight as bf16 bits [N, K] (row-major). */
-void panel_pack_bf16(const unsigned short *w, long N, long K, unsigned short *wq, int threads) {
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (long p = 0; p < N / NB; p++)
-        for (long k = 0; k < K; k++)
-            for (int j = 0; j < NB; j++)
-                wq[p * K * NB + (k / 2) * 2 * NB + 2 * j + (k & 1)] = w[(p * NB + j) * K + k];
-}
-
 /* The same product on AMX tiles (Sapphire Rapids and later), same packed panels: per panel and 32-wide k
  * block, A = 16 rows of bf16(x), B0/B1 = the panel's two 16-column halves (16 k-pairs x 16 columns x 2,
  * row stride 128 bytes: exactly the k-pair-major layout above), C0/C1 += A B. Rows are always run in
@@ -274,4 +265,16 @@ int panel_linear_amx(const float *x, long M, long K, const unsigned short *wq, l
 #else
 int panel_bf16_available(void) { return 0; }
 int panel_amx_init(void) { return 0; }
+#endif
+
+#if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__))
+/* w: the weight as bf16 bits [N, K] (row-major) -> panels of NB columns, k-pair-major: the one layout the
+ * AVX512_BF16, AMX and AVX2 bf16 kernels all read. */
+void panel_pack_bf16(const unsigned short *w, long N, long K, unsigned short *wq, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (long p = 0; p < N / NB; p++)
+        for (long k = 0; k < K; k++)
+            for (int j = 0; j < NB; j++)
+                wq[p * K * NB + (k / 2) * 2 * NB + 2 * j + (k & 1)] = w[(p * NB + j) * K + k];
+}
 #endif
