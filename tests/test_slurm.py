@@ -27,6 +27,7 @@ from mars_bench.tags import read_spec
 from .slurm_cluster import MissingBinaries, local_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
+SLOW_WRITES = Path(__file__).resolve().parent / "slow_writes"   # sitecustomize: a pause after each sample line
 DATA = Path(os.environ.get("MARS_BENCH_DATA_DIR", ROOT.parent / "shared" / "data"))
 N = 12                                      # samples; tiny pair, 24 new tokens
 SWEEP = ["+sweep=theta", "method=ar,mars", "method.theta=0.85,0.95", "model=tiny", "task=gsm8k", f"limit={N}",
@@ -140,7 +141,10 @@ def test_sweep_on_slurm_equals_the_local_sweep(cluster, local, tmp_path):
 @pytest.mark.slurm
 def test_cancelled_sweep_resubmitted_ends_with_the_uninterrupted_samples(cluster, local, tmp_path):
     results = tmp_path / "results"
-    proc = subprocess.Popen(_cmd(results), cwd=ROOT, env=_env(cluster.env), stdout=subprocess.DEVNULL,
+    path = os.pathsep.join(filter(None, [str(SLOW_WRITES), os.environ.get("PYTHONPATH")]))
+    slow = {**cluster.env, "PYTHONPATH": path, "MARS_BENCH_TEST_WRITE_DELAY": "0.5"}   # >= 6 s a run: the cancel
+    # lands mid-run however fast the machine (on a fast one the sweep ended between the first line and scancel)
+    proc = subprocess.Popen(_cmd(results), cwd=ROOT, env=_env(slow), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     task_dir = results / "tiny_fp32_cpu" / "gsm8k-v2"
     try:
