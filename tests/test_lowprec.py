@@ -79,7 +79,8 @@ def test_bf16_kernel_matches_reference_and_is_batch_invariant(kernel, out_f, in_
 def test_bf16_fast_path_keeps_non_gemm_work_in_fp32():
     target, _, _ = tiny_pair(dtype=torch.bfloat16)
     model = fastpath.enable_fast_path(target)
-    assert fastpath.kind(model) == ("panel-amx-bf16" if panel.amx_available() else f"panel-{panel.family()}-bf16")
+    assert fastpath.kind(model) == ("panel-amx-bf16" if panel.amx_available() else "panel-bfdot-bf16"
+                                    if panel.bfdot_available() else f"panel-{panel.family()}-bf16")
     assert not any(type(m) is nn.Linear for m in model.modules())
     assert all(p.dtype == torch.float32 for p in model.parameters())     # norms, embeddings, biases
     assert all(m.panels.dtype == torch.bfloat16 for m in model.modules() if isinstance(m, panel.PanelLinear))

@@ -148,7 +148,7 @@ def test_the_family_setting_forces_a_kernel_or_says_why_not(monkeypatch):
         assert panel.families() == []
     monkeypatch.setenv(panel.ISA_ENV, "sse")
     monkeypatch.setattr(panel, "_state", {})
-    with pytest.raises(ValueError, match=r"^MARS_BENCH_CPU_ISA='sse'; allowed: auto, avx512, avx2, generic$"):
+    with pytest.raises(ValueError, match=r"^MARS_BENCH_CPU_ISA='sse'; allowed: auto, avx512, avx2, neon, generic$"):
         panel.library()
     monkeypatch.setattr(panel, "cpu", lambda: ("server cpu", {"avx512f", "avx2", "fma", "f16c"}))
     monkeypatch.setenv(panel.ISA_ENV, "avx2")

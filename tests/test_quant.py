@@ -86,12 +86,15 @@ def test_the_avx2_and_vnni_kernels_give_equal_results(bits, monkeypatch):
 def test_the_layouts_hold_every_code_once():
     codes = torch.arange(64 * 64, dtype=torch.int64).reshape(64, 64) % 251
     scales = torch.ones(64, 2, dtype=torch.float16)
-    for layout in ("vnni", "avx2"):
+    for layout in ("vnni", "avx2", "neon"):
         packed = quant.pack(codes.to(torch.uint8), scales, 8, layout)
         assert packed.shape == (2, 2, 1024 + 64)
-        assert sorted(packed[..., :1024].flatten().tolist()) == sorted(codes.flatten().tolist())
-    with pytest.raises(ValueError, match=r"^layout='neon'; allowed: vnni, avx2$"):
-        quant.pack(codes.to(torch.uint8), scales, 8, "neon")
+        held = packed[..., :1024].flatten()
+        if layout == "neon":                             # signed codes q = u - 128, as int8 bytes
+            held = (held.view(torch.int8).to(torch.int64) + 128)
+        assert sorted(held.tolist()) == sorted(codes.flatten().tolist())
+    with pytest.raises(ValueError, match=r"^layout='sve'; allowed: vnni, avx2, neon$"):
+        quant.pack(codes.to(torch.uint8), scales, 8, "sve")
 
 
 def test_codes_span_their_range_and_scales_reproduce_the_weight():
@@ -144,14 +147,14 @@ def _cfg(**model):
 
 
 def test_config_names_the_scheme_and_trimmed_vocabulary_in_the_run_tag():
-    from mars_bench.tags import RunTag
+    from mars_bench.tags import RunSpec
 
     cfg = _cfg(draft_quant="q4", draft_vocab=32768)
     C.validate(cfg)
-    tag = RunTag.from_config(cfg, 16).format()
+    tag = RunSpec.from_config(cfg, 16).label
     want = "q4g32" if quant.available() else "int8row"
     assert f"-draft{want}-dvocab32768-" in tag
-    assert "dvocab" not in RunTag.from_config(_cfg(draft_quant="q4"), 16).format()
+    assert "dvocab" not in RunSpec.from_config(_cfg(draft_quant="q4"), 16).label
     for bad in (100, -1, 255):
         with pytest.raises(C.ConfigError, match=r"^model.draft_vocab=.*; allowed: 0 \(the full vocabulary\) or an "
                                                 r"integer >= 256$"):
@@ -162,12 +165,12 @@ def test_config_names_the_scheme_and_trimmed_vocabulary_in_the_run_tag():
 
 def test_without_vnni_q4_falls_back_to_int8_in_one_line_and_says_so(monkeypatch, caplog):
     from mars_bench.models import pairs
-    from mars_bench.tags import RunTag
+    from mars_bench.tags import RunSpec
 
     monkeypatch.setattr(quant, "_state", {"why": "CPU 'test' lacks avx512_vnni"})
     assert not quant.available()
     cfg = _cfg(draft_quant="q4")
-    assert C.draft_quant_of(cfg) == "int8row" and "-draftint8row-" in RunTag.from_config(cfg, 16).format()
+    assert C.draft_quant_of(cfg) == "int8row" and "-draftint8row-" in RunSpec.from_config(cfg, 16).label
     with caplog.at_level(logging.WARNING):
         assert pairs._quantize_draft("q4") == "int8"
     assert [r.getMessage() for r in caplog.records] == [

@@ -1,9 +1,13 @@
 /* Helpers shared by the CPU kernels (panel_gemm.c, quant_gemm.c); AVX-512F, else AVX2 + FMA (8 lanes, the same
- * arithmetic in a different summation order). panel.build hashes this file with each source, so a change here
- * rebuilds both libraries. */
+ * arithmetic in a different summation order), or aarch64 NEON (four 4-lane partial sums). panel.build hashes this
+ * file with each source, so a change here rebuilds both libraries. */
 #ifndef MARS_ATTEND_H
 #define MARS_ATTEND_H
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#else
 #include <immintrin.h>
+#endif
 #include <math.h>
 #if defined(__AVX2__) && defined(__FMA__)   /* 8-lane helpers, also for AVX2 kernels built beside AVX-512F */
 
@@ -106,6 +110,62 @@ static inline void attend(const float *q, const float *kc, const float *vc, int 
         for (int c = 0; c < n; c++)
             acc = _mm256_fmadd_ps(_mm256_set1_ps(s[c]), _mm256_loadu_ps(vc + (long)keys[c] * hd + i), acc);
         _mm256_storeu_ps(out + i, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
+    }
+}
+
+#elif defined(__aarch64__)
+
+static inline float32x4_t expq(float32x4_t x) {   /* exp512's Cephes expf; 2^n built in the exponent bits */
+    x = vmaxq_f32(vminq_f32(x, vdupq_n_f32(88.0f)), vdupq_n_f32(-87.0f));
+    const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504089f)));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23);
+    return vmulq_f32(p, vreinterpretq_f32_s32(e));   /* n in [-126, 127]: 2^n is a normal float */
+}
+
+/* attend() of the AVX-512 branch with four 4-lane partial sums over q . k (16 lanes, as there), reduced in a fixed
+ * order by vaddvq_f32; 4-lane sums elsewhere. hd a multiple of 16. */
+static inline void attend(const float *q, const float *kc, const float *vc, int hd, const int *keys, int n,
+                   float scale, float *s, float *out) {
+    float mx = -INFINITY;
+    for (int c = 0; c < n; c++) {
+        const float *kr = kc + (long)keys[c] * hd;
+        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < hd; i += 16) {
+            a0 = vfmaq_f32(a0, vld1q_f32(q + i), vld1q_f32(kr + i));
+            a1 = vfmaq_f32(a1, vld1q_f32(q + i + 4), vld1q_f32(kr + i + 4));
+            a2 = vfmaq_f32(a2, vld1q_f32(q + i + 8), vld1q_f32(kr + i + 8));
+            a3 = vfmaq_f32(a3, vld1q_f32(q + i + 12), vld1q_f32(kr + i + 12));
+        }
+        s[c] = vaddvq_f32(vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3))) * scale;
+        mx = fmaxf(mx, s[c]);
+    }
+    const int32x4_t lane = {0, 1, 2, 3};
+    float32x4_t sum = vdupq_n_f32(0.0f);
+    for (int c = 0; c < n; c += 4) {
+        float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const int m = n - c < 4 ? n - c : 4;
+        for (int j = 0; j < m; j++) t[j] = s[c + j];
+        const uint32x4_t keep = vcltq_s32(lane, vdupq_n_s32(m));
+        const float32x4_t e = vreinterpretq_f32_u32(vandq_u32(
+            vreinterpretq_u32_f32(expq(vsubq_f32(vld1q_f32(t), vdupq_n_f32(mx)))), keep));
+        vst1q_f32(t, e);
+        for (int j = 0; j < m; j++) s[c + j] = t[j];
+        sum = vaddq_f32(sum, e);
+    }
+    const float inv = 1.0f / vaddvq_f32(sum);
+    for (int i = 0; i < hd; i += 4) {
+        float32x4_t acc = vdupq_n_f32(0.0f);
+        for (int c = 0; c < n; c++) acc = vfmaq_f32(acc, vdupq_n_f32(s[c]), vld1q_f32(vc + (long)keys[c] * hd + i));
+        vst1q_f32(out + i, vmulq_f32(acc, vdupq_n_f32(inv)));
     }
 }
 

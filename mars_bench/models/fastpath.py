@@ -120,8 +120,9 @@ def _swap_bf16(model: nn.Module) -> nn.Module:
 
 
 def kind(model: nn.Module) -> str:
-    """Which fast-path kernel ``model`` runs: 'panel-amx-bf16', 'panel-<family>-bf16', 'panel-<family>' (family
-    avx512 | avx2), 'mkl-packed' or 'off' (the first kind found, LM head first: one model runs one kind)."""
+    """Which fast-path kernel ``model`` runs: 'panel-amx-bf16', 'panel-bfdot-bf16', 'panel-<family>-bf16',
+    'panel-<family>' (family avx512 | avx2 | neon), 'mkl-packed' or 'off' (the first kind found, LM head first: one
+    model runs one kind)."""
     head = getattr(model, "lm_head", None)
     mods = ([head] if head is not None else []) + list(model.modules())
     for m in mods:

@@ -8,15 +8,18 @@ here (2 cores, AVX-512), ms per call, MKL packed vs panel: LM head 151,936 x 153
 M=17 61.7 vs 46.4; MLP 8960 x 1536 at M=5 3.04 vs 2.13; equal at M=1. At M >= 64 MKL's large-M GEMM is
 as fast, so more rows than ``MAX_ROWS`` (prefill) go to ``F.linear``.
 
-Kernel families (``isa()``; ``$MARS_BENCH_CPU_ISA`` = avx512 | avx2 | generic forces one, default the best the
-CPU runs): avx512 (``-march=native``: AVX-512F, AVX512_BF16 / AMX bf16 where present) and avx2 (``-mavx2 -mfma
+Kernel families (``isa()``; ``$MARS_BENCH_CPU_ISA`` = avx512 | avx2 | neon | generic forces one, default the best
+the CPU runs): avx512 (``-march=native``: AVX-512F, AVX512_BF16 / AMX bf16 where present) and avx2 (``-mavx2 -mfma
 -mf16c``: 6 rows x 16 columns fp32, ``panel_bf16_avx2.h`` for bf16 weights), so every x86 machine tests and times
-the avx2 kernels too; ``PanelLinear.kernel`` names the family (``panel-avx2-bf16``) and speed tables never mix
-kinds. generic builds nothing.
+the avx2 kernels too; on aarch64 neon (``neon_flags``: 12 rows x 8 columns fp32, ``panel_bf16_neon.h`` for bf16
+weights: BFDOT where the CPU has bf16, else widening + FMA; tested under qemu-user, ``tests/test_neon_qemu.py``,
+speed unmeasured). ``PanelLinear.kernel`` names the family (``panel-avx2-bf16``, ``panel-neon-bf16``,
+``panel-bfdot-bf16``) and speed tables never mix kinds. generic builds nothing.
 
 The library is compiled with the system C compiler (``$CC``, default ``cc``; ``-O3 <family flags> -fopenmp``)
 into ``<cache>/kernels/`` (atomic rename, keyed by source, flags and CPU), and loaded after torch so it shares
-torch's OpenMP runtime. No kernel family, no compiler, or a failed build: ``library()`` returns None, says why
+torch's OpenMP runtime. A compiler without OpenMP (macOS clang) builds without it: one logged line, one thread.
+No kernel family, no compiler, or a failed build: ``library()`` returns None, says why
 in ``unavailable()``, and the fast path falls back to MKL packed GEMM.
 """
 from __future__ import annotations
@@ -40,13 +43,14 @@ _state: dict = {}      # "lib" (ctypes.CDLL) or "why" (str), set by the first li
 
 
 def cpu() -> tuple[str, set]:
-    """(model name, feature flags) from /proc/cpuinfo; empty where it cannot be read."""
+    """(model name, feature flags) from /proc/cpuinfo (x86 ``flags``, aarch64 ``Features``); empty where it cannot
+    be read."""
     try:
         text = open("/proc/cpuinfo").read()
     except OSError:
         return "", set()
     model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "")
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith(("flags", "Features"))), [])
     return model, set(flags)
 
 
@@ -57,19 +61,35 @@ def _kernel_dir() -> Path:
 
 
 ISA_ENV = "MARS_BENCH_CPU_ISA"           # forces the kernel family; unset or "auto": the best this CPU runs
-ISAS = ("avx512", "avx2", "generic")      # generic: no C kernels (MKL packed GEMM, torch attention, int8 draft)
+ISAS = ("avx512", "avx2", "neon", "generic")   # generic: no C kernels (MKL packed GEMM, torch attention, int8 draft)
 FLAGS = {"avx512": ["-march=native"], "avx2": ["-mavx2", "-mfma", "-mf16c", "-mtune=native"]}
+ARM = ("aarch64", "arm64")
+NEON_EXTS = (("asimdhp", "+fp16"), ("asimddp", "+dotprod"), ("bf16", "+bf16"))   # /proc/cpuinfo Features -> -march
+
+
+def neon_flags(features: set) -> list[str]:
+    """The neon family's compiler flags for an aarch64 CPU with these ``Features``: ARMv8.2-A plus the fp16,
+    dotprod (SDOT: q8 / q4) and bf16 (BFDOT: bf16 panels) extensions it has, else plain ARMv8-A (convert + FMA,
+    widening multiplies)."""
+    exts = "".join(ext for feature, ext in NEON_EXTS if feature in features)
+    return [f"-march=armv8.2-a{exts}"] if exts else ["-march=armv8-a"]
+
+
+def _flags(family: str) -> list[str]:
+    return neon_flags(cpu()[1]) if family == "neon" else FLAGS[family]
 
 
 def isa() -> str:
-    """The kernel family every C kernel is built for: ``$MARS_BENCH_CPU_ISA`` (avx512 | avx2 | generic) where
-    set, else the best this CPU runs (AVX-512F: avx512; AVX2 + FMA + F16C: avx2; else generic). A forced
-    family the CPU lacks builds nothing and ``unavailable()`` says why."""
+    """The kernel family every C kernel is built for: ``$MARS_BENCH_CPU_ISA`` (avx512 | avx2 | neon | generic)
+    where set, else the best this CPU runs (AVX-512F: avx512; AVX2 + FMA + F16C: avx2; aarch64: neon; else
+    generic). A forced family the CPU lacks builds nothing and ``unavailable()`` says why."""
     want = (os.environ.get(ISA_ENV) or "auto").strip().lower()
     if want not in ("auto",) + ISAS:
         raise ValueError(f"{ISA_ENV}={want!r}; allowed: auto, {', '.join(ISAS)}")
     if want != "auto":
         return want
+    if platform.machine().lower() in ARM:
+        return "neon"
     flags = cpu()[1] if platform.machine().lower() in ("x86_64", "amd64") else set()
     return "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma", "f16c"} <= flags else "generic"
 
@@ -79,7 +99,7 @@ def families() -> list[str]:
     every family this CPU runs (avx512 and avx2 on an AVX-512 machine: each fallback is tested there too)."""
     forced = (os.environ.get(ISA_ENV) or "auto").strip().lower() != "auto"
     out = []
-    for family in ("avx512", "avx2"):
+    for family in ("avx512", "avx2", "neon"):
         try:
             _check_isa(family)
         except RuntimeError:
@@ -93,6 +113,10 @@ def _check_isa(family: str) -> None:
     if family == "generic":
         raise RuntimeError(f"{ISA_ENV}=generic (no C kernels)" if os.environ.get(ISA_ENV) else
                            f"CPU {model or platform.machine()!r} lacks AVX2 + FMA and AVX-512F")
+    if family == "neon":
+        if platform.machine().lower() not in ARM:
+            raise RuntimeError(f"CPU {model or platform.machine()!r} is not aarch64 (NEON)")
+        return
     need = ["avx512f"] if family == "avx512" else ["avx2", "fma", "f16c"]
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     missing = [f for f in need if not x86 or f not in flags]
@@ -108,7 +132,7 @@ def build(out_dir: Path | None = None, src: Path = SRC, family: str | None = Non
     _check_isa(family)
     model, flags = cpu()
     cc = os.environ.get("CC", "cc")
-    opts = FLAGS[family]
+    opts = _flags(family)
     headers = b"".join(h.read_bytes() for h in sorted(src.parent.glob("*.h")))   # included by the sources
     key = hashlib.sha256(src.read_bytes() + headers +
                          f"|{cc}|{' '.join(opts)}|{model}|{' '.join(sorted(flags))}".encode()).hexdigest()[:16]
@@ -156,6 +180,7 @@ def library():
                 for fn in (lib.panel_linear_bf16, lib.panel_linear_amx):
                     fn.restype, fn.argtypes = ctypes.c_int, lib.panel_linear.argtypes
                 lib.panel_pack_bf16.argtypes = lib.panel_pack.argtypes
+            _state["bfdot"] = _state["bf16"] and family == "neon" and bool(lib.panel_neon_bfdot())
             _state["lib"], _state["width"], _state["family"] = lib, lib.panel_width(), family
             log.info("panel GEMM: %s kernels (%s)", family, _why_family(family))
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
@@ -167,11 +192,13 @@ def library():
 def _why_family(family: str) -> str:
     if os.environ.get(ISA_ENV, "auto").strip().lower() not in ("", "auto"):
         return f"{ISA_ENV}={family}"
+    if family == "neon":
+        return f"aarch64, {' '.join(_flags(family))}"
     return "the CPU has AVX-512F" if family == "avx512" else "the CPU has AVX2 + FMA, no AVX-512F"
 
 
 def family() -> str | None:
-    """The kernel family the loaded library runs (avx512 | avx2), None where there is none."""
+    """The kernel family the loaded library runs (avx512 | avx2 | neon), None where there is none."""
     return _state.get("family") if library() is not None else None
 
 
@@ -210,13 +237,18 @@ def unavailable() -> str | None:
 
 def bf16_available() -> bool:
     """The bf16-weight kernels are built in where the compiler targets AVX512_BF16 (-march=native) or, in the
-    avx2 family, AVX2 + FMA (``panel_bf16_avx2.h``)."""
+    avx2 family, AVX2 + FMA (``panel_bf16_avx2.h``), and in the neon family (``panel_bf16_neon.h``)."""
     return library() is not None and _state["bf16"]
 
 
 def amx_available() -> bool:
     """AMX-BF16 tiles present and granted by the OS (one arch_prctl request per process)."""
     return bf16_available() and _state["amx"]
+
+
+def bfdot_available() -> bool:
+    """aarch64 BFDOT (the CPU lists bf16): bf16 panels run ``panel-bfdot-bf16`` instead of widening + FMA."""
+    return bf16_available() and _state["bfdot"]
 
 
 def fits(linear: nn.Linear) -> bool:
@@ -249,6 +281,7 @@ class PanelLinear(nn.Module):
         w = linear.weight.detach().contiguous()
         lib, threads = library(), torch.get_num_threads()
         self.bf16, self.amx, self.family = w.dtype == torch.bfloat16, False, _state["family"]
+        self.bfdot = self.bf16 and _state["bfdot"]
         if self.bf16:
             self.weight = None
             self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
@@ -276,14 +309,17 @@ class PanelLinear(nn.Module):
 
     @property
     def kernel(self) -> str:
-        """'panel-amx-bf16', 'panel-<family>-bf16' or 'panel-<family>' (family avx512 | avx2): speed tables
-        never mix kinds."""
-        return "panel-amx-bf16" if self.amx else f"panel-{self.family}" + ("-bf16" if self.bf16 else "")
+        """'panel-amx-bf16', 'panel-bfdot-bf16' (aarch64 BFDOT), 'panel-<family>-bf16' or 'panel-<family>' (family
+        avx512 | avx2 | neon): speed tables never mix kinds."""
+        if self.amx or self.bfdot:
+            return f"panel-{'amx' if self.amx else 'bfdot'}-bf16"
+        return f"panel-{self.family}" + ("-bf16" if self.bf16 else "")
 
     @property
     def bf16_inputs(self) -> bool:
-        """True where the kernel rounds its inputs to bf16 (AMX, AVX512_BF16); the avx2 kernel keeps them fp32."""
-        return self.bf16 and (self.amx or self.family == "avx512")
+        """True where the kernel rounds its inputs to bf16 (AMX, AVX512_BF16, BFDOT); the avx2 and neon convert +
+        FMA kernels keep them fp32."""
+        return self.bf16 and (self.amx or self.bfdot or self.family == "avx512")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)

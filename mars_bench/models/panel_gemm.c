@@ -8,8 +8,13 @@
  * tokens cost about what 1 token costs. Summation over k is sequential in fp32 (rounding differs from
  * MKL's, as any two BLAS differ). Built by mars_bench/models/panel.py per kernel family: avx512 (-march=native:
  * zmm, 12 rows x 32 columns; AVX512_BF16 / AMX bf16 kernels below) or avx2 (-mavx2 -mfma -mf16c: ymm, 6 rows x 16
- * columns; bf16 weights in panel_bf16_avx2.h). */
+ * columns; bf16 weights in panel_bf16_avx2.h) or, on aarch64, neon (q registers, 12 rows x 8 columns; bf16 weights
+ * in panel_bf16_neon.h: BFDOT where the compiler targets +bf16, else widening + FMA). */
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#else
 #include <immintrin.h>
+#endif
 #include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -38,8 +43,22 @@ typedef __m256 vec;
 #define VBCAST(s) _mm256_set1_ps(s)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VADD(a, b) _mm256_add_ps(a, b)
+#elif defined(__aarch64__)
+#define VW 4                                    /* floats per q register */
+#define RMAX 12                                 /* 2*RMAX accumulators + 3 of 32 registers */
+typedef float32x4_t vec;
+#define VZERO() vdupq_n_f32(0.0f)
+#define VLOAD(p) vld1q_f32(p)
+#define VSTORE(p, v) vst1q_f32(p, v)
+#define VBCAST(s) vdupq_n_f32(s)
+#define VFMA(a, b, c) vfmaq_f32(c, a, b)
+#define VADD(a, b) vaddq_f32(a, b)
+#define PREFETCH_T1(p) __builtin_prefetch((const void *)(p), 0, 2)
 #else
-#error "panel_gemm.c needs AVX-512F or AVX2 + FMA (without them the fast path uses MKL packed GEMM)"
+#error "panel_gemm.c needs AVX-512F, AVX2 + FMA or aarch64 NEON (without them the fast path uses MKL packed GEMM)"
+#endif
+#ifndef PREFETCH_T1
+#define PREFETCH_T1(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
 #endif
 #define NB (2 * VW)                             /* panel width: two vectors */
 #define PF 64                                   /* prefetch distance in k-steps (best of 4..128 here) */
@@ -49,8 +68,8 @@ static void kern_##R(const float *xt, long K, const float *w, float *y, long N, 
     vec a0[R], a1[R]; \
     for (int r = 0; r < R; r++) { a0[r] = VZERO(); a1[r] = VZERO(); } \
     for (long k = 0; k < K; k++) { \
-        _mm_prefetch((const char *)(w + (k + PF) * NB), _MM_HINT_T1); \
-        _mm_prefetch((const char *)(w + (k + PF) * NB + VW), _MM_HINT_T1); \
+        PREFETCH_T1(w + (k + PF) * NB); \
+        PREFETCH_T1(w + (k + PF) * NB + VW); \
         vec b0 = VLOAD(w + k * NB), b1 = VLOAD(w + k * NB + VW); \
         for (int r = 0; r < R; r++) { vec xb = VBCAST(xt[k * R + r]); \
             a0[r] = VFMA(xb, b0, a0[r]); a1[r] = VFMA(xb, b1, a1[r]); } \
@@ -262,14 +281,16 @@ int panel_linear_amx(const float *x, long M, long K, const unsigned short *wq, l
 #endif
 #elif defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #include "panel_bf16_avx2.h"
+#elif defined(__aarch64__)
+#include "panel_bf16_neon.h"
 #else
 int panel_bf16_available(void) { return 0; }
 int panel_amx_init(void) { return 0; }
 #endif
 
-#if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__))
+#if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)) || defined(__aarch64__)
 /* w: the weight as bf16 bits [N, K] (row-major) -> panels of NB columns, k-pair-major: the one layout the
- * AVX512_BF16, AMX and AVX2 bf16 kernels all read. */
+ * AVX512_BF16, AMX, AVX2 and NEON bf16 kernels all read. */
 void panel_pack_bf16(const unsigned short *w, long N, long K, unsigned short *wq, int threads) {
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (long p = 0; p < N / NB; p++)

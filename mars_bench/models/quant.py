@@ -15,7 +15,9 @@ same product in float64 from the unpacked codes, which the tests hold the kernel
 
 Built like ``panel_gemm.c`` (``panel.build``, the kernel family of ``panel.isa()``): AVX512-VNNI where the compiler
 targets it, else AVX2 + FMA + F16C (``quant_avx2.h``: its own code layout, the same integers and fp32 steps, so
-equal results; ``QuantLinear.kernel`` says which). Without either or a compiler (``MARS_BENCH_CPU_ISA=generic``)
+equal results; ``QuantLinear.kernel`` says which); on aarch64 the neon family (``quant_neon.h``: signed codes, SDOT
+where the CPU has dotprod, else widening multiplies; the same integers and fp32 steps, tested under qemu-user,
+speed unmeasured). Without any of them or a compiler (``MARS_BENCH_CPU_ISA=generic``)
 ``available()`` is False, ``unavailable()`` says why, and the loader falls back to the int8 draft with one
 logged line.
 """
@@ -38,7 +40,7 @@ BITS = {"q4": 4, "q8": 8}
 _state: dict = {}
 
 
-KINDS = {1: "vnni", 2: "avx2"}   # quant_kind() of the built library: AVX512-VNNI, else AVX2 + FMA + F16C
+KINDS = {1: "vnni", 2: "avx2", 3: "neon"}   # quant_kind(): AVX512-VNNI, else AVX2 + FMA + F16C; aarch64 NEON
 
 
 def library():
@@ -48,7 +50,7 @@ def library():
             lib = ctypes.CDLL(str(panel.build(src=SRC)))
             kind = KINDS.get(lib.quant_kind())
             if kind is None:
-                raise RuntimeError("the compiler targeted neither AVX512-VNNI nor AVX2 + FMA + F16C")
+                raise RuntimeError("the compiler targeted neither AVX512-VNNI, AVX2 + FMA + F16C nor aarch64 NEON")
             lib.quant_linear.restype = ctypes.c_int
             lib.quant_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
                                          ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
@@ -61,7 +63,7 @@ def library():
 
 
 def kind() -> str | None:
-    """'vnni' or 'avx2': which kernel (and code layout) the library runs; None without one."""
+    """'vnni', 'avx2' or 'neon': which kernel (and code layout) the library runs; None without one."""
     return _state.get("kind") if library() is not None else None
 
 
@@ -96,13 +98,19 @@ def quantize(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pack(codes: torch.Tensor, scales: torch.Tensor, bits: int, layout: str = "vnni") -> torch.Tensor:
-    """The kernel's layout (``quant_gemm.c`` for vnni, ``quant_avx2.h`` for avx2): per panel of 32 columns and
-    group, the codes then the scales."""
+    """The kernel's layout (``quant_gemm.c`` for vnni, ``quant_avx2.h`` for avx2, ``quant_neon.h`` for neon): per
+    panel of 32 columns and group, the codes then the scales."""
     n, k = codes.shape
     p, g = n // WIDTH, k // GROUP
     if layout not in KINDS.values():
         raise ValueError(f"layout={layout!r}; allowed: {', '.join(KINDS.values())}")
-    if layout == "avx2" and bits == 8:   # (p, v, j, g, t, i) -> (p, g, t, v, j, i)
+    if layout == "neon" and bits == 8:   # (p, v, j, g, o, i) -> (p, g, v, o, j, i); signed q = u - 128 as int8
+        q = (codes.to(torch.int16) - 128).to(torch.int8).view(torch.uint8)
+        c = q.reshape(p, 8, 4, g, 8, 4).permute(0, 3, 1, 4, 2, 5).reshape(p, g, 1024)
+    elif layout == "neon":               # (p, v, j, g, s, o, i) -> (p, g, v, o, j, i, s); s = low / high nibble
+        c = codes.reshape(p, 8, 4, g, 2, 4, 4).permute(0, 3, 1, 5, 2, 6, 4)
+        c = (c[..., 0] | (c[..., 1] << 4)).reshape(p, g, 512)
+    elif layout == "avx2" and bits == 8:   # (p, v, j, g, t, i) -> (p, g, t, v, j, i)
         c = codes.reshape(p, 4, 8, g, 16, 2).permute(0, 3, 4, 1, 2, 5).reshape(p, g, 1024)
     elif layout == "avx2":               # (p, v, j, g, o, s, i) -> (p, g, o, v, j, i, s); s = low / high nibble
         c = codes.reshape(p, 4, 8, g, 8, 2, 2).permute(0, 3, 4, 1, 2, 6, 5)

@@ -1,4 +1,4 @@
-/* Weight-quantized small-M GEMM for draft models (AVX512-VNNI, else AVX2: quant_avx2.h): y[M, N] = x[M, K] @ W[N, K]^T + b.
+/* Weight-quantized small-M GEMM for draft models (AVX512-VNNI, else AVX2: quant_avx2.h; aarch64: quant_neon.h): y[M, N] = x[M, K] @ W[N, K]^T + b.
  *
  * W is stored in groups of G = 32 consecutive k per output column: an fp16 scale d and integers q
  * (q4: 4 bits, q in [-8, 7]; q8: 8 bits, q in [-127, 127]), stored unsigned u = q + off (off = 8 or
@@ -15,7 +15,11 @@
  *   q4: half h, octet o, column j, i: byte [h*256 + o*64 + 4j + i] = u[., 8o + i] | u[., 8o + 4 + i] << 4
  * so a panel streams from DRAM front to back once per call whatever M is. The AVX2 kernel (quant_avx2.h) takes its
  * own k-pair-major layout of the same bytes and computes the same integers and the same fp32 operations per lane. */
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#else
 #include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,12 +34,14 @@
 #define RMAX 4
 #define PFD 4096                               /* software prefetch distance, bytes */
 
-/* 1: AVX512-VNNI (the layout above), 2: AVX2 (quant_avx2.h's layout), 0: none. */
+/* 1: AVX512-VNNI (the layout above), 2: AVX2 (quant_avx2.h's layout), 3: NEON (quant_neon.h's layout), 0: none. */
 int quant_kind(void) {
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
     return 1;
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     return 2;
+#elif defined(__aarch64__)
+    return 3;
 #else
     return 0;
 #endif
@@ -122,6 +128,10 @@ static void silu_mul(float *g, const float *u, long n) {
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "attend.h"
 #include "quant_avx2.h"
+#define QUANT_SIMD
+#elif defined(__aarch64__)
+#include "attend.h"
+#include "quant_neon.h"
 #define QUANT_SIMD
 #endif
 
