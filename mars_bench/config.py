@@ -126,7 +126,7 @@ class EngineConfig:
     """What decodes a job's samples (conf/engine/): native (this package's loop) | vllm (vLLM's offline LLM,
     mars_bench/engines/vllm.py, docs/vllm.md). The vllm settings are vLLM's own, passed to ``LLM``."""
     name: str = "native"            # native | vllm
-    version: Optional[str] = None   # vllm: the installed vLLM's version, filled when the run is validated
+    version: Optional[str] = None   # vllm: the installed vLLM's version, filled by engines.validate
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: Optional[str] = None   # mp | ray | null (vLLM's choice)
@@ -256,21 +256,8 @@ def validate(cfg: Any) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     validate_run_settings(cfg)   # ranges the types do not bound (defined at the bottom)
-    validate_engine(cfg)
-
-
-def validate_engine(cfg: Any) -> None:
-    """engine.*: native, or vllm with what vLLM can run (engines/vllm.check; fills engine.version)."""
-    e = cfg.get("engine")
-    if e is None or e.name == "native":
-        return
-    _one_of("engine.name", e.name, ("native", "vllm"))
-    from .engines.vllm import check
-
-    try:
-        e.version = check(cfg)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    if cfg.get("engine") is not None:   # what the engine itself can run: engines.validate, after this
+        _one_of("engine.name", cfg.engine.name, ("native", "vllm"))
 
 
 def validate_study(cfg: Any) -> None:

@@ -29,7 +29,6 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from statistics import median
 
 from .locking import APPEND_LOCK, Claims, StorageError, exclusive, storage_errors  # noqa: F401 (re-export)
 
@@ -556,7 +555,3 @@ def speedup(records, ar_records) -> dict | None:
             "speedup_authors_note": note,
             "speedup_mean_of_ratios": sum(ratios) / len(ratios) if ratios else None,
             "ar_tokens_per_s": ar_tps, "n_common": len(pairs)}
-
-
-def median_or_none(xs):
-    return median(xs) if xs else None

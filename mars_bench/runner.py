@@ -24,8 +24,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from . import config as C
-from .decode import generate
-from .records import SampleRecord, SampleWriter, TurnRecord, atomic_write_text, machine, machine_label
+from .engines import validate as validate_engine
+from .recordbuild import job_fields, sample_record, sample_seed, turn_record
+from .records import SampleWriter, atomic_write_text, machine, machine_label
 from .summary import summarize_run
 from .system_prompts import system_prompt_text
 from .tags import RunSpec, write_spec
@@ -46,6 +47,7 @@ def prepare(cfg):
     from .tasks.data import DataError
 
     C.validate(cfg)
+    validate_engine(cfg)      # what the engine can run; engine=vllm: its version into engine.version (the spec)
     text = system_prompt_text(cfg.protocol.system_prompt)   # none: the task's own (no system message)
     overrides = {} if text is None else {"system_prompt": text}
     data_dir = os.environ.get("MARS_BENCH_DATA_DIR") or cfg.data_dir
@@ -64,9 +66,10 @@ def prepare(cfg):
 
 
 class Job:
-    """One method's run directory within a run: its config, spec (``tag``), method, writer and samples to do.
-    The directory is named by the spec (``RunSpec.dir_name``), so a rerun of the same command finds it; the
-    spec is written there as run.json when this job claims its first sample, before decoding it."""
+    """One method's run directory within a run: its config, spec (``tag``), method, writer and samples to do,
+    and the fields its records share (``fields``): every per-job setting, resolved once here. The directory is
+    named by the spec (``RunSpec.dir_name``), so a rerun of the same command finds it; the spec is written there
+    as run.json, and the resolved config as config.yaml, when this job claims its first sample, before decoding it."""
 
     def __init__(self, cfg, interleaved: bool = False, phase: str | None = None):
         self.cfg, self.interleaved, self.phase = cfg, interleaved, phase
@@ -75,6 +78,8 @@ class Job:
         self.run_dir = self.task_dir / self.tag.dir_name
         self._check_owner()
         self.method = C.method_of(cfg)
+        self.fields = job_fields(self.tag, self.task, self.method, cfg.model.name, C.draft_quant_of(cfg), interleaved,
+                                 phase)
         self.writer = SampleWriter(self.run_dir / "samples.jsonl", on_start=self.write_spec)
         self.todo = {s.id for s in self.samples if s.id not in self.writer.done}
         sweep = C.RULES[self.tag.rule].sweep if self.method.speculative else None
@@ -100,11 +105,13 @@ class Job:
                                 f"{describe(found.model)}); allowed: a run directory of this run's own spec")
 
     def write_spec(self) -> None:
-        """run.json in the run directory (once; one already there must hold this job's spec)."""
+        """run.json in the run directory (once; one already there must hold this job's spec), then the resolved
+        config beside it (config.yaml)."""
         try:
             write_spec(self.run_dir, self.tag)
         except ValueError as e:
             raise C.ConfigError(str(e)) from None
+        atomic_write_text(self.run_dir / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
 
     def summarize(self) -> dict:
         ref = self.tag.lossless_reference()
@@ -124,18 +131,12 @@ def run(cfg) -> dict | list[dict]:
              len(job.samples) - len(job.todo), job.run_dir)
     logger = make_logger(cfg.logger, job.run_dir, cfg, spec=job.tag)
     try:
-        if job.todo and _batch_size(cfg) > 1:
-            ctx = Models(cfg, [job.method])
-            bar = _progress(None, job.label, cfg.progress, total=len(job.todo))
+        if job.todo:   # a finished run (e.g. a reused ar baseline) loads no model: it only re-summarizes
+            bar = _progress(job.label, cfg.progress, len(job.todo))
             todo = [(i, s) for i, s in enumerate(job.samples) if s.id in job.todo]
-            ctx.decode_batched(job, todo, lambda sample, rec: (_write(job, sample, rec, logger), bar.update(1)),
-                               source=job.writer.claimed(todo))   # no sample twice
+            _decode(Models(cfg, [job.method]), job, todo, logger, bar,
+                    source=job.writer.claimed(todo))   # no sample twice
             bar.close()
-        elif job.todo:   # a finished run (e.g. a reused ar baseline) loads no model: it only re-summarizes
-            ctx = Models(cfg, [job.method])
-            todo = [(i, smp) for i, smp in enumerate(job.samples) if smp.id in job.todo]
-            for i, sample in _progress(job.writer.claimed(todo), job.label, cfg.progress):   # no sample twice
-                _write(job, sample, ctx.decode(job, sample, i), logger)
         summary = job.summarize()
         logger.log_summary(summary)
     finally:
@@ -175,11 +176,10 @@ def _with(cfg, **values):
     return out
 
 
-def tokens_are_ars(cfg) -> bool:
+def tokens_are_ars(spec: RunSpec) -> bool:
     """Greedy decoding with a lossless rule: the outputs are ar's token for token (tested), so a study times
     such a method but never decodes it for quality."""
-    spec = RunSpec.from_config(cfg, 1)
-    return float(cfg.temperature) == 0.0 and spec.lossless
+    return spec.temperature == 0.0 and spec.lossless
 
 
 def _half_width(summary: dict) -> float | None:
@@ -203,8 +203,9 @@ def run_study(cfg) -> list[dict]:
     C.validate_study(cfg)   # the variants are plain runs: their own validation no longer sees study.*
     st = cfg.study
     variants = variant_configs(cfg)
-    quality = [Job(_with(v, batch_size=int(st.batch_size)), phase="quality") for v in variants if not tokens_are_ars(v)]
     probe = [Job(v, interleaved=True, phase="timed") for v in variants]   # every variant validated before loading
+    quality = [Job(_with(p.cfg, batch_size=int(st.batch_size)), phase="quality") for p in probe
+               if not tokens_are_ars(p.tag)]
     if not any(j.tag.scheme == "ar" for j in probe):
         raise C.ConfigError("study without ar in interleave; allowed: a list that includes [method=ar] (speedup and "
                             "every quality delta are against it)")
@@ -218,7 +219,7 @@ def run_study(cfg) -> list[dict]:
 
     log.info("study: quality phase, %d methods x %d samples at batch size %d (%s only timed: tokens are ar's)",
              len(quality), len(probe[0].samples), st.batch_size,
-             ", ".join(j.tag.head for j in probe if tokens_are_ars(j.cfg)) or "none")
+             ", ".join(j.tag.head for j in probe if tokens_are_ars(j.tag)) or "none")
     summaries = _run_batched(cfg, quality, models)
     n = min(int(st.timed_min), cap)
     while True:
@@ -247,7 +248,7 @@ def _check_identity(jobs: list, summaries: list, row_invariant: bool | None = No
         row_invariant = backend_row_invariant(jobs[0].cfg) if jobs else True
     reports = []
     for job, s in zip(jobs, summaries):
-        if job.tag.scheme != "ar" and tokens_are_ars(job.cfg):
+        if job.tag.scheme != "ar" and tokens_are_ars(job.tag):
             per_sample = ((s.get("fidelity") or {}).get("per_sample")) or {}
             problem = identity_problem(per_sample, len(job.samples))
             if problem and row_invariant:
@@ -345,16 +346,12 @@ def _run_batched(cfg, jobs: list, models) -> list[dict]:
     loggers = [make_logger(j.cfg.logger, j.run_dir, j.cfg, spec=j.tag) for j in jobs]
     try:
         todo = sum(len(j.todo) for j in jobs)
-        bar = _progress(None, f"{cfg.model.name} | {jobs[0].task.name} | quality phase", cfg.progress, total=todo) \
-            if todo else None
+        bar = _progress(f"{cfg.model.name} | {jobs[0].task.name} | quality phase", cfg.progress and todo, todo)
         for j, job in enumerate(jobs):
             rest = [(i, s) for i, s in enumerate(job.samples) if s.id in job.todo]
             if rest:
-                models().decode_batched(job, rest, lambda sample, rec, j=j: (_write(jobs[j], sample, rec, loggers[j]),
-                                                                             bar.update(1)),
-                                        source=job.writer.claimed(rest))
-        if bar is not None:
-            bar.close()
+                _decode(models(), job, rest, loggers[j], bar, source=job.writer.claimed(rest))
+        bar.close()
         summaries = _summarize(jobs, loggers)
     finally:
         _close(jobs, loggers)
@@ -377,8 +374,11 @@ def _close(jobs: list, loggers: list) -> None:
 
 
 def run_interleaved(cfg, variants: list, ctx=None, jobs: list | None = None) -> list[dict]:
-    """Every variant interleaved at its batch size. ``ctx``: a callable returning loaded Models (loaded here when
-    None); ``jobs``: the variants' Jobs when the caller made them."""
+    """Every variant interleaved at its batch size B (the same for all: entries change only method.* and rule.*):
+    chunks of samples, each decoded by every compared method in turn, the order rotated per chunk. At B = 1 a
+    chunk is one sample (each sample decoded by every method back to back: the timed comparison); at B > 1 it
+    is CHUNK_BATCHES * B samples, so that each method's batch refills. ``ctx``: a callable returning loaded
+    Models (loaded here when None); ``jobs``: the variants' Jobs when the caller made them."""
     jobs = jobs or [Job(v, interleaved=True) for v in variants]   # every variant validated before any model loads
     tags = [j.tag.dir_name for j in jobs]
     dup = {t for t in tags if tags.count(t) > 1}
@@ -394,21 +394,22 @@ def run_interleaved(cfg, variants: list, ctx=None, jobs: list | None = None) -> 
             ctx = ctx() if ctx is not None else Models(cfg, [j.method for j in jobs])
             if not backend_row_invariant(cfg):      # warm-up (issue 32): see warm_up
                 warm_up(ctx, jobs, samples[0])
-            bar = _progress(None, f"{cfg.model.name} | {jobs[0].task.name} | {len(jobs)} methods interleaved",
-                            cfg.progress, total=todo)
-            if _batch_size(cfg) > 1:
-                _interleave_batched(ctx, jobs, samples, loggers, bar, _batch_size(cfg))
-            for i, sample in enumerate(samples if _batch_size(cfg) == 1 else []):
-                for n in range(len(jobs)):           # rotate the order per sample
-                    j = (i + n) % len(jobs)
-                    if sample.id in jobs[j].todo and jobs[j].writer.claim(sample.id):   # another process may hold it
-                        _write(jobs[j], sample, ctx.decode(jobs[j], sample, i, order=n), loggers[j])
-                        bar.update(1)
+            bar = _progress(f"{cfg.model.name} | {jobs[0].task.name} | {len(jobs)} methods interleaved",
+                            cfg.progress, todo)
+            batch_size = jobs[0].tag.batch_size
+            chunk = 1 if batch_size == 1 else CHUNK_BATCHES * batch_size
+            indexed = list(enumerate(samples))
+            for c, start in enumerate(range(0, len(indexed), chunk)):
+                for n in range(len(jobs)):           # rotate the order per chunk
+                    j = (c + n) % len(jobs)
+                    mine = [(i, s) for i, s in indexed[start:start + chunk]   # another process may hold one
+                            if s.id in jobs[j].todo and jobs[j].writer.claim(s.id)]
+                    if mine:
+                        _decode(ctx, jobs[j], mine, loggers[j], bar, order=n)
             for j, job in enumerate(jobs):           # samples another process held: wait, take over if it died
-                rest = [(i, smp) for i, smp in enumerate(samples) if smp.id in job.todo]
-                for i, sample in job.writer.claimed(rest):
-                    _write(job, sample, ctx.decode(job, sample, i), loggers[j])
-                    bar.update(1)
+                rest = [(i, smp) for i, smp in indexed if smp.id in job.todo]
+                if rest:
+                    _decode(ctx, job, rest, loggers[j], bar, source=job.writer.claimed(rest))
             bar.close()
         summaries = _summarize(jobs, loggers)
     finally:
@@ -421,24 +422,11 @@ def run_interleaved(cfg, variants: list, ctx=None, jobs: list | None = None) -> 
 CHUNK_BATCHES = 4   # interleaved and batched: each method decodes 4 x batch_size samples in turn
 
 
-def _batch_size(cfg) -> int:
-    return int(cfg.get("batch_size", 1) or 1)
-
-
-def _interleave_batched(ctx, jobs, samples, loggers, bar, batch_size: int) -> None:
-    """Interleaving at batch size B: chunks of CHUNK_BATCHES * B samples, each decoded (batched, refilled)
-    by every compared method in turn, the order rotated per chunk."""
-    chunk = CHUNK_BATCHES * batch_size
-    indexed = list(enumerate(samples))
-    for c, start in enumerate(range(0, len(indexed), chunk)):
-        part = indexed[start:start + chunk]
-        for n in range(len(jobs)):
-            j = (c + n) % len(jobs)
-            todo = [(i, s) for i, s in part if s.id in jobs[j].todo]
-            if todo:
-                ctx.decode_batched(jobs[j], todo, lambda sample, rec, j=j: (_write(jobs[j], sample, rec, loggers[j]),
-                                                                            bar.update(1)), order=n,
-                                   source=jobs[j].writer.claimed(todo))
+def _decode(ctx, job: Job, todo: list, logger, bar, order: int = 0, source=None) -> None:
+    """The job's samples ``todo`` ([(index, sample)]) decoded (``Models.decode_batched``), each record written
+    as it finishes."""
+    ctx.decode_batched(job, todo, lambda sample, rec: (_write(job, sample, rec, logger), bar.update(1)), order=order,
+                       source=source)
 
 
 def _write(job: Job, sample, record: dict, logger) -> None:
@@ -471,56 +459,41 @@ class Models:
         self.machine = machine(str(cfg.model.device))         # recorded: CPU, instruction sets, threads (GPU)
         log.info("machine: %s | kernel %s", machine_label(self.machine), self.kernel)
         self.eos = eos_ids(self.pair.target.model, self.pair.tokenizer)
-        self._wrote = set()
 
     def decode(self, job: Job, sample, index: int, order: int = 0) -> dict:
-        """One sample (all its turns) with the job's method; returns its record."""
-        from .tasks import build_messages
-
-        cfg, task, tok = job.cfg, job.task, self.pair.tokenizer
-        if job.run_dir not in self._wrote:
-            atomic_write_text(job.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-            self._wrote.add(job.run_dir)
-        dcfg = C.decode_config(cfg, job.max_new, self.eos, task.stop_strings)
-        draft = self.eagle3 if job.method.name == "eagle3" else self.pair.draft
-        outputs, turns = [], []
-        for t in range(len(sample.turns)):
-            ids = self.pair.prompt_ids(build_messages(task, sample, outputs, t))
-            res = generate(self.pair.target, draft, tok, ids, job.method, dcfg,
-                           seed=cfg.seed * 1_000_003 + index + 100_003 * t)
-            outputs.append(tok.decode(res.tokens, skip_special_tokens=True))
-            turns.append(_turn_record(res, ids, outputs[-1], tok))
-        return _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order,
-                              self.machine)
+        """One sample (all its turns) with the job's method: ``decode_batched`` of one; returns its record."""
+        out = []
+        self.decode_batched(job, [(index, sample)], lambda s, rec: out.append(rec), order)
+        return out[0]
 
     def decode_batched(self, job: Job, todo: list, write, order: int = 0, source=None) -> None:
-        """Samples ``todo`` ([(index, sample)]) with the job's method at ``batch_size`` rows (decode.engine):
-        a sample's turns run in sequence in its slot, seeded as ``decode`` seeds them; ``write(sample,
-        record)`` is called as each sample finishes, in finish order. ``source``: an iterable over (a part
-        of) ``todo`` read lazily, one pair as a slot frees (default: ``todo``); the memory check uses all
-        of ``todo``."""
+        """Samples ``todo`` ([(index, sample)]) with the job's method at its batch size B (decode.engine; B = 1:
+        a batch of one): a sample's turns run in sequence in its slot, each seeded by ``sample_seed``;
+        ``write(sample, record)`` is called as each sample finishes, in finish order. ``source``: an iterable
+        over (a part of) ``todo`` read lazily, one pair as a slot frees (default: ``todo``); the memory check
+        uses all of ``todo``."""
         from .decode.backend import check_memory
         from .decode.generate import Request, generate_batch
         from .tasks import build_messages
 
-        cfg, task, tok, bsz = job.cfg, job.task, self.pair.tokenizer, _batch_size(job.cfg)
-        dcfg = C.decode_config(cfg, job.max_new, self.eos, task.stop_strings)
+        task, tok, bsz, seed = job.task, self.pair.tokenizer, job.tag.batch_size, job.tag.seed
+        dcfg = C.decode_config(job.cfg, job.max_new, self.eos, task.stop_strings)
         state = {}      # sample id -> (outputs, turn records)
 
         def request(sample, index, t):
             state.setdefault(sample.id, ([], []))
             ids = self.pair.prompt_ids(build_messages(task, sample, state[sample.id][0], t))
-            return Request(ids, seed=cfg.seed * 1_000_003 + index + 100_003 * t, key=(sample, index, t))
+            return Request(ids, seed=sample_seed(seed, index, t), key=(sample, index, t))
 
         def on_done(req, res):
             sample, index, t = req.key
             outputs, turns = state[sample.id]
             outputs.append(tok.decode(res.tokens, skip_special_tokens=True))
-            turns.append({**_turn_record(res, req.prompt, outputs[-1], tok), "span_s": res.span_s})
+            turns.append(turn_record(res, req.prompt, outputs[-1], tok, batched=bsz > 1))
             if t + 1 < len(sample.turns):
                 return request(sample, index, t + 1)
-            write(sample, _sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel,
-                                         order, self.machine))
+            write(sample, sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order,
+                                        self.machine))
             del state[sample.id]
             return None
 
@@ -533,7 +506,6 @@ class Models:
                          turns * (longest + job.max_new + step), step)
         except ValueError as e:
             raise C.ConfigError(str(e)) from None
-        atomic_write_text(job.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         queue = (request(s, i, 0) for i, s in (todo if source is None else source))
         draft = self.eagle3 if job.method.name == "eagle3" else self.pair.draft
         generate_batch(self.pair.target, draft, tok, queue, job.method, dcfg, bsz, on_done)
@@ -547,54 +519,15 @@ def _tokens_per_step(method) -> int:
     return method.k + 1
 
 
-def _progress(items, label, enabled, total=None):
-    if not enabled:
-        if items is not None:
-            return items
+class _NoBar:
+    def update(self, n): pass
+    def close(self): pass
 
-        class _Null:
-            def update(self, n): pass
-            def close(self): pass
-        return _Null()
+
+def _progress(label: str, enabled: bool, total: int):
+    """A progress bar over ``total`` samples (a no-op one when disabled)."""
+    if not enabled:
+        return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(items, desc=label, unit="sample" if items is not None else "decode", dynamic_ncols=True, total=total)
-
-
-def _turn_record(res, prompt_ids, text, tokenizer=None) -> dict:
-    """One turn's record (``TurnRecord``) as samples.jsonl holds it. ``n_retokenized`` =
-    len(tokenizer(text.strip()).input_ids), special tokens as the tokenizer adds them: the count the authors'
-    speed script takes ar's tokens from (minus 1); None without a tokenizer."""
-    retok = len(tokenizer(text.strip()).input_ids) if tokenizer is not None else None
-    return TurnRecord(
-        prompt_tokens=len(prompt_ids), new_tokens=len(res.tokens), steps=res.steps, n_retokenized=retok,
-        tau=res.tau, stop_reason=res.stop_reason, prefill_s=res.prefill_s, wall_s=res.wall_s,
-        target_s=res.target_s, draft_s=res.draft_s, proposed=res.proposed, accepted=res.accepted,
-        relaxed=res.relaxed, z1=[round(x, 4) for x in res.z1], z2=[round(x, 4) for x in res.z2],
-        outcome=res.outcome, output_ids=res.tokens, output_text=text,
-        depth_proposed=res.depth_proposed or None).to_dict()
-
-
-def _sample_record(job: Job, sample, index, turns, score, fast_kernel: str, order: int,
-                   machine_facts: dict | None = None) -> dict:
-    """One sample's record (``SampleRecord``) as samples.jsonl holds it; ``turns``: its turn records
-    (``_turn_record``'s dicts, extra keys such as span_s kept, or TurnRecords)."""
-    cfg, tag = job.cfg, job.tag
-    turns = [TurnRecord.from_dict(t) for t in turns]
-    s = lambda key: sum(getattr(t, key) for t in turns)  # noqa: E731
-    n_acc = sum(sum(t.accepted) for t in turns)
-    lenient = [e for t in turns for e in t.relaxed]
-    by_clause = {}
-    for e in lenient:
-        by_clause[e["clause"]] = by_clause.get(e["clause"], 0) + 1
-    return SampleRecord(
-        id=sample.id, index=index, task=job.task.name, task_version=job.task.version, model=cfg.model.name,
-        method=tag.head, scheme=tag.scheme, rule=tag.rule, rule_settings=tag.settings, k=cfg.method.k,
-        p_min=job.method.p_min, draft_quant=C.draft_quant_of(cfg), fast_kernel=fast_kernel, machine=machine_facts,
-        theta=tag.settings.get("theta"), temperature=cfg.temperature, seed=cfg.seed,
-        timing="interleaved" if job.interleaved else "sequential", order=order, phase=job.phase,
-        new_tokens=s("new_tokens"), steps=s("steps"), tau=s("new_tokens") / s("steps") if s("steps") else 0.0,
-        n_proposed=sum(sum(t.proposed) for t in turns), n_accepted=n_acc, n_exact=n_acc - len(lenient),
-        n_relaxed=len(lenient), n_by_clause=by_clause, prefill_s=s("prefill_s"), wall_s=s("wall_s"),
-        target_s=s("target_s"), draft_s=s("draft_s"), score=score, batch_size=_batch_size(cfg),
-        turns=turns).to_dict()
+    return tqdm(desc=label, unit="sample", dynamic_ncols=True, total=total)

@@ -132,12 +132,13 @@ class RunSpec:
                     else f"d{m.tree['depth']}-w{m.tree['top_k']}-t{m.tree['total_tokens']}")
         quant = C.draft_quant_of(cfg)
         uses_draft = m.speculative and m.name in ("sd", "sd_tree")
-        try:
+        engine = cfg.get("engine") or {}
+        try:   # the weights the engine runs (vLLM's tiny pair has another shape)
             model, draft_model = pair_identity(cfg.model, uses_draft=uses_draft,
-                                               uses_head=m.speculative and m.name == "eagle3")
+                                               uses_head=m.speculative and m.name == "eagle3",
+                                               engine=engine.get("name", "native"))
         except IdentityError as e:
             raise C.ConfigError(str(e)) from None
-        engine = cfg.get("engine") or {}
         return cls(scheme=m.name, rule=m.rule if m.speculative else "exact", temperature=float(cfg.temperature),
                    top_p=float(cfg.top_p), max_new_tokens=int(max_new), seed=int(cfg.seed),
                    k=m.k if m.name in CHAIN and m.speculative else None, tree=tree,
@@ -232,11 +233,8 @@ class RunSpec:
         parts += [f"T{_fmt(self.temperature)}", f"p{_fmt(self.top_p)}", f"n{self.max_new_tokens}", f"s{self.seed}"]
         return "-".join(parts)
 
-    def format(self) -> str:
-        """The label (``label``)."""
+    def __str__(self) -> str:
         return self.label
-
-    __str__ = format
 
     def _protocol_parts(self) -> list[str]:
         parts = [] if self.system_prompt == "none" else [f"sys{self.system_prompt}"]
@@ -371,9 +369,6 @@ def _copy(value):
     return dict(value) if isinstance(value, dict) else value
 
 
-RunTag = RunSpec   # the name this class had when it only named directories
-
-
 def read_spec(run_dir) -> "RunSpec | None":
     """The spec of a run directory: its ``run.json`` when it has one; else (result trees written before
     run.json existed) its name, read once as a legacy tag. None for a directory that is not a run."""
@@ -401,4 +396,4 @@ def write_spec(run_dir, spec: RunSpec) -> None:
     atomic_write_json(path, spec.to_dict())
 
 
-__all__ = ["RunSpec", "RunTag", "CHAIN", "TREE", "SPEC_FILE", "SPEC_VERSION", "read_spec", "write_spec"]
+__all__ = ["RunSpec", "CHAIN", "TREE", "SPEC_FILE", "SPEC_VERSION", "read_spec", "write_spec"]

@@ -1,4 +1,4 @@
-"""Experiment-tracker hooks for ``mars_bench.run``: ``make_logger(cfg.logger, run_dir, cfg)``.
+"""Experiment-tracker hooks for ``mars_bench.runner``: ``make_logger(cfg.logger, run_dir, cfg)``.
 
     logger = make_logger(cfg.logger, run_dir, cfg)   # after the run directory is known
     logger.log_sample(record)                        # after each sample record is written
@@ -7,10 +7,11 @@
 
 ``logger=none`` (default) gives a no-op. ``logger=wandb`` (conf/logger/wandb.yaml) logs to Weights &
 Biases: wandb is imported only then, mode ``offline`` by default (files under ``<run_dir>/wandb``, upload
-later with ``wandb sync``), one W&B run per mars-bench run, named by its run tag. Runs are grouped by
-sweep: ``$WANDB_RUN_GROUP`` when set, else ``<sweep>/<model dir>/<task dir>/<settings>`` where <sweep> is
-the chosen ``sweep`` or ``experiment`` config (``multirun`` / ``run`` otherwise) and <settings> those of
-its ar baseline, so every method and theta of one sweep over the same settings lands in one group. The run
+later with ``wandb sync``), one W&B run per mars-bench run, named by its spec's directory name. Runs are
+grouped by sweep: ``$WANDB_RUN_GROUP`` when set, else ``<sweep>/<model dir>/<task dir>/<settings>`` where
+<sweep> is the chosen ``sweep`` or ``experiment`` config (``multirun`` / ``run`` otherwise), the two folders
+place the run and <settings> are those of its ar baseline's spec (run.json; ``unknown`` without one), so every
+method and theta of one sweep over the same settings lands in one group. The run
 summary is the run's row as the report's frames hold it (``mars_bench.report.columns.run_row``: the column
 names of ``Frames.runs``), read from summary.json, never recomputed: its spec (method, k, theta, ...),
 totals, ``speedup`` with ``speedup_lo`` / ``speedup_hi``, ``quality/<metric>``, every paired test
@@ -71,8 +72,8 @@ def sweep_group(run_dir: Path, spec=None) -> str | None:
         pass
     run_dir = Path(run_dir)
     spec = spec if spec is not None else read_spec(run_dir)
-    settings = spec.baseline().label.removeprefix("ar-") if spec is not None else run_dir.name
-    return f"{sweep}/{run_dir.parent.parent.name}/{run_dir.parent.name}/{settings}"
+    settings = spec.baseline().label.removeprefix("ar-") if spec is not None else "unknown"   # run.json's
+    return f"{sweep}/{run_dir.parent.parent.name}/{run_dir.parent.name}/{settings}"   # the folders: where, not what
 
 
 def summary_values(summary: dict, spec=None) -> dict:
@@ -114,9 +115,10 @@ class WandbLogger:
             wandb.run.finish()
         method = (config.get("method") or {}).get("name")
         task = (config.get("task") or {}).get("name")
+        name = self.spec.dir_name if self.spec is not None else self.run_dir.name
         self.run = wandb.init(project=getattr(logger_cfg, "project", "mars-bench"),
                               mode=getattr(logger_cfg, "mode", "offline") or "offline",
-                              dir=str(self.run_dir), name=self.run_dir.name, group=sweep_group(self.run_dir, self.spec),
+                              dir=str(self.run_dir), name=name, group=sweep_group(self.run_dir, self.spec),
                               job_type=method, tags=[t for t in (method, task) if t], config=config)
         self._open = True
 

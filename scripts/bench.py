@@ -82,14 +82,15 @@ def our_rows(runs_dir) -> pd.DataFrame:
     runs = load_frames([runs_dir]).runs
     if runs.empty:
         return pd.DataFrame(columns=COLUMNS)
-    dtype = [d[len(m) + 1:].split("_")[0] for d, m in zip(runs["model_dir"], runs["model"])]
+    dtype = [(spec.model or {}).get("dtype") or "dtype unknown" for spec in runs["spec"]]   # run.json's
     same = (runs["pct_identical"].astype(float) * runs["n_compared"].astype(float) / 100).round()
     out = pd.DataFrame({
         "task": runs["task"], "block": [f"{OURS}, {d}" for d in dtype], "row": runs["label"],
         "precision": [PRECISION.get(d, d) for d in dtype], "tokens_per_s": runs["tokens_per_s"], "tau": runs["tau"],
         "vs_ar": runs["speedup"], "vs_ar_lo": runs["speedup_lo"], "vs_ar_hi": runs["speedup_hi"],
         "identical_to_ar": same.where(runs["method"] != "ar", runs["n"]), "n": runs["n"],
-        "outside_forward_share": runs["outside_forward_share"], "theta": runs["theta"], "relaxed": runs["relaxed"]})
+        "outside_forward_share": runs["outside_forward_share"], "theta": runs["theta"], "relaxed": runs["relaxed"],
+        "method": runs["method"], "k": runs["k"]})   # run.json's: what ran, never parsed from a label
     return out.astype({"identical_to_ar": "Int64", "n": "Int64"})
 
 

@@ -174,9 +174,7 @@ def runner_rows(runs: Path, draft: str, tasks, interleave: str, extra=(), thread
     for task in tasks:
         B.run_compare("bench_draft", task, out, [*overrides(draft), interleave, "progress=false", *extra], threads)
     rows = B.our_rows(out)
-    rows["draft"] = draft
-    rows["k"] = pd.array([int(x.split("k=")[1].split()[0]) if "k=" in x else None for x in rows["row"]], dtype="Int64")
-    rows["method"] = [x.split()[0] for x in rows["row"]]
+    rows["draft"] = draft   # method and k: run.json's (``bench.our_rows``)
     return rows
 
 

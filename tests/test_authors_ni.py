@@ -58,14 +58,14 @@ def test_authors_speedup_without_retokenized_counts_says_so():
 
 
 def test_turn_record_counts_the_stripped_text_with_the_tokenizer():
-    from mars_bench.runner import _turn_record
+    from mars_bench.recordbuild import turn_record
 
     res = SimpleNamespace(tokens=[5, 6, 7], steps=2, tau=1.5, stop_reason="eos", prefill_s=0.0, wall_s=1.0,
                           target_s=0.5, draft_s=0.2, proposed=[2, 2], accepted=[1, 0], relaxed=[], z1=[], z2=[],
                           outcome="AX", depth_proposed=[])
     tok = lambda text: SimpleNamespace(input_ids=["<bos>"] + text.split(" "))  # noqa: E731
-    assert _turn_record(res, [1, 2], " x y z \n", tok)["n_retokenized"] == 4   # <bos> x y z
-    assert _turn_record(res, [1, 2], "x y")["n_retokenized"] is None
+    assert turn_record(res, [1, 2], " x y z \n", tok)["n_retokenized"] == 4   # <bos> x y z
+    assert turn_record(res, [1, 2], "x y")["n_retokenized"] is None
 
 
 # ---- non-inferiority -----------------------------------------------------------------------------------

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from mars_bench.decode import DecodeConfig, Method, generate
-from mars_bench.decode.backend import cached_columns, check_memory
+from mars_bench.decode.backend import check_memory
 from mars_bench.decode.engine import Batch, Request
 from mars_bench.decode.generate import generate_batch
-from mars_bench.tags import RunTag
+from mars_bench.tags import RunSpec
 
 from .conftest import EOS, MAX_NEW
 
@@ -188,8 +188,8 @@ def test_memory_check_names_the_largest_batch_that_fits(tiny):
     per_tok = target.kv_bytes_per_token() + draft.kv_bytes_per_token()
     c = target.model.config
     assert target.kv_bytes_per_token() == 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
-    cols = cached_columns(100)          # compaction slack and spare buffer columns
-    assert cols > 100 + 32
+    cols = target.cached_columns(100)   # compaction slack and spare buffer columns
+    assert cols == draft.cached_columns(100) and cols > 100 + 32
     per_row, once = per_tok * cols + 2 * 5 * draft.out_vocab * 4, per_tok * cols    # once: the prefill copy
     check_memory([target, draft], 8, 100, 5, available=int((per_row * 8 + once) / 0.9) + 10)      # fits
     with pytest.raises(ValueError, match=r"batch_size=8 .*on cpu .*largest batch that fits is batch_size=3$"):
@@ -214,14 +214,14 @@ def test_batch_size_is_checked_and_trees_batch():
 
 
 def test_run_tag_batch_part():
-    t = RunTag.parse("mars-k4-th0.9-b4-T0-p1-n24-s0")
-    assert t.batch_size == 4 and t.format() == "mars-k4-th0.9-b4-T0-p1-n24-s0"
-    assert t.baseline().format() == "ar-b4-T0-p1-n24-s0"
-    assert t.lossless_reference().format() == "sd-k4-b4-T0-p1-n24-s0"
+    t = RunSpec.parse("mars-k4-th0.9-b4-T0-p1-n24-s0")
+    assert t.batch_size == 4 and t.label == "mars-k4-th0.9-b4-T0-p1-n24-s0"
+    assert t.baseline().label == "ar-b4-T0-p1-n24-s0"
+    assert t.lossless_reference().label == "sd-k4-b4-T0-p1-n24-s0"
     for old in ("mars-k3-th0.9-T0-p1-n24-s0", "sd-k4-draftint8-T0.8-p0.9-n64-s1", "ar-T0-p1-n128-s0"):
-        t = RunTag.parse(old)
-        assert t.batch_size == 1 and t.format() == old
-    assert RunTag.parse("sd-k4-draftint8-b2-T0-p1-n8-s0").draft_quant == "int8"
+        t = RunSpec.parse(old)
+        assert t.batch_size == 1 and t.label == old
+    assert RunSpec.parse("sd-k4-draftint8-b2-T0-p1-n8-s0").draft_quant == "int8"
 
 
 def test_one_token_prompts_start_an_empty_cache(tiny):

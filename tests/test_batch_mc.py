@@ -11,11 +11,12 @@ from scipy.stats import chisquare
 
 from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.decode.generate import Request, generate_batch
+from mars_bench.decode.backend import Backend
 
 from .test_sampling_mc import DRAFT, TARGET, BigramLM, NoText, exact_joint
 
 
-class BatchedBigramLM(BigramLM):
+class BatchedBigramLM(BigramLM, Backend):
     """BigramLM with the ``batch_*`` methods: one token list per row; logits depend on the previous token."""
 
     def batch_reset(self, rows):

@@ -74,10 +74,10 @@ def test_draft_quant_config_and_results_path(tmp_path):
     from omegaconf import OmegaConf
 
     from mars_bench import config as C
-    from mars_bench.tags import RunTag
+    from mars_bench.tags import RunSpec
 
     def run_tag(cfg, n):
-        return RunTag.from_config(cfg, n).format()
+        return RunSpec.from_config(cfg, n).label
 
     cfg = OmegaConf.structured(C.Config)
     cfg.method.name = "mars"

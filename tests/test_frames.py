@@ -101,6 +101,40 @@ def test_unreadable_run_json_is_skipped_and_said(tmp_path):
     assert any(p.startswith(str(bad / "run.json")) and "skipped" in p for p in frames.problems)
 
 
+def test_model_task_and_version_are_read_from_the_files_not_the_folder_names(tmp_path):
+    """Folders renamed: the model, task and task version still come from summary.json / the samples, dtype and
+    device from run.json; a run whose files name none of them reads as unknown (None), never from its folders;
+    config.yaml names the model and task of a run whose other files do not."""
+    from dataclasses import replace
+
+    root = spec_tree(tmp_path / "r")
+    for d in sorted(root.glob(f"*/{TD}/*")):
+        spec = replace(read_spec(d), model={"weights": "toy", "dtype": "fp32", "device": "cpu"})
+        (d / "run.json").unlink()
+        write_spec(d, spec)
+    for w in ("worker0", "worker1"):
+        (root / w / "toy-pair_fp32_cpu").rename(root / w / "m_bf16_cuda")
+        (root / w / "m_bf16_cuda" / "gsm8k-v1").rename(root / w / "m_bf16_cuda" / "other-v7")
+    runs = load_frames(root).runs
+    assert set(runs["model"]) == {"toy-pair"} and set(runs["task"]) == {"gsm8k"} and set(runs["task_version"]) == {1}
+    assert set(runs["title"]) == {"toy-pair (fp32, cpu) | gsm8k v1"}
+
+    bare = tmp_path / "bare" / "m_bf16_cuda" / "other-v7"
+    src = next(root.glob("worker0/m_bf16_cuda/other-v7/*"))
+    d = bare / src.name
+    d.mkdir(parents=True)
+    shutil.copy(src / "run.json", d / "run.json")
+    lines = [json.loads(x) for x in (src / "samples.jsonl").read_text().splitlines() if x.strip()]
+    (d / "samples.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k not in (
+        "model", "task", "task_version")}) + "\n" for r in lines))
+    row = load_frames(tmp_path / "bare").runs.iloc[0]
+    assert (cells([row["model"], row["task"], row["task_version"]])) == [None, None, None]
+    assert row["title"] == "? (fp32, cpu) | ? v?"
+    (d / "config.yaml").write_text("model:\n  name: toy-pair\ntask:\n  name: gsm8k\n")
+    row = load_frames(tmp_path / "bare").runs.iloc[0]
+    assert (row["model"], row["task"], val(row, "task_version")) == ("toy-pair", "gsm8k", None)
+
+
 def test_tables_say_what_the_frames_say(legacy):
     runs = legacy.runs.set_index("label")
     tables = all_tables(legacy)

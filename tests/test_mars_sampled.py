@@ -84,7 +84,8 @@ def test_outside_the_nucleus_refuse_rejects_and_allow_accepts(name):
         assert not rule(one(1), z, p, q, u, theta=theta, outside_nucleus="allow").accept.item()
         return
     assert not rule(one(1), z, p, q, u, theta=theta).accept.item()              # default: refuse
-    v = rule(one(1), z, p, q, u, theta=theta, outside_nucleus="allow")         # the authors' behaviour
+    v = rule(one(1), z, p, q, u, theta=theta, outside_nucleus="allow")   # unfiltered top-2 (the authors' filtered
+    # logits give z2 = -inf here: r = -inf, no relaxation, the standard test rejects, as refuse does)
     assert v.accept.item() and v.relaxed.item() and rule.clauses[v.clause.item() - 1] == "top2_margin"
     assert rule.knob_map["outside_nucleus"].default == "refuse"
 

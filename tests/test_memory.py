@@ -5,20 +5,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mars_bench.decode.backend import cached_columns, check_memory
+from mars_bench.decode.backend import check_memory
 from mars_bench.errors import ConfigError
 from mars_bench.models.pairs import check_offload
 
 CPU, META = torch.device("cpu"), torch.device("meta")
 
 
-def sharded(per_token: dict, vocab: int = 1000, logits_on=META):
-    return SimpleNamespace(kv_bytes_by_device=lambda: per_token, out_vocab=vocab, logits_device=logits_on)
+def sharded(per_token: dict, vocab: int = 1000, logits_on=META, slack: int = 40):
+    return SimpleNamespace(kv_bytes_by_device=lambda: per_token, out_vocab=vocab, logits_device=logits_on,
+                           cached_columns=lambda tokens: tokens + slack)
 
 
 def test_each_device_is_checked_against_its_own_free_memory():
     m = sharded({CPU: 100, META: 300})
-    cols = cached_columns(50)
+    cols = m.cached_columns(50)
     logits = 2 * 5 * 1000 * 4
     need = {CPU: 100 * cols * 5, META: 300 * cols * 5 + logits * 4}     # 4 rows + the prefill copy
     check_memory([m], 4, 50, 5, available={CPU: int(need[CPU] / 0.9) + 9, META: int(need[META] / 0.9) + 9})
@@ -34,8 +35,9 @@ def test_adapter_reports_kv_bytes_per_device_of_its_layers(tiny):
     assert target.logits_device == CPU
 
 
-def test_growth_slack_exceeds_the_committed_tokens():
-    assert cached_columns(1000) >= 1.5 * 1000 and cached_columns(10) >= 10 + 32
+def test_growth_slack_exceeds_the_committed_tokens(tiny):
+    target = tiny[0]
+    assert target.cached_columns(1000) >= 1.5 * 1000 and target.cached_columns(10) >= 10 + 32
 
 
 def test_offload_is_refused_in_one_line_unless_allowed():

@@ -15,7 +15,7 @@ from mars_bench.decode.generate import generate as generate_tree
 from mars_bench.models.pairs import Pair, chat_template_kwargs
 from mars_bench.models.tiny import CHAT_TEMPLATE, tiny_tokenizer
 from mars_bench.system_prompts import SYSTEM_PROMPTS
-from mars_bench.tags import RunTag, read_spec
+from mars_bench.tags import RunSpec, read_spec
 from mars_bench.tasks import Sample, build_messages, get_task
 
 from .test_cli import cfg_of, tiny_cfg
@@ -95,12 +95,12 @@ def test_task_prompts_option_reaches_the_task_and_the_tag(tmp_path):
     task, *_ = R.prepare(authors)
     assert task.options["prompts"] == "authors"
     job = R.Job(authors)
-    assert job.tag.task_prompts == "authors" and job.tag.format().endswith("-promptsauthors-T0-p1-n24-s0")
-    assert job.tag.baseline().format() == "ar-sysllama2-afterstep-promptsauthors-T0-p1-n24-s0"
+    assert job.tag.task_prompts == "authors" and job.tag.label.endswith("-promptsauthors-T0-p1-n24-s0")
+    assert job.tag.baseline().label == "ar-sysllama2-afterstep-promptsauthors-T0-p1-n24-s0"
     ours = R.Job(tiny_cfg(tmp_path, "task=gsm8k", "limit=1", "method=sd"))
-    assert ours.task.options["prompts"] == "ours" and "prompts" not in ours.tag.format()
+    assert ours.task.options["prompts"] == "ours" and "prompts" not in ours.tag.label
     no_option = R.Job(tiny_cfg(tmp_path, "protocol=authors", "limit=1"))   # the built-in set has no such option
-    assert "prompts" not in no_option.task.options and "prompts" not in no_option.tag.format()
+    assert "prompts" not in no_option.task.options and "prompts" not in no_option.tag.label
 
 
 def test_build_messages_puts_the_system_prompt_first():
@@ -227,31 +227,31 @@ def test_enable_thinking_without_the_switch_fails_before_weights_load(tmp_path, 
     "mars-k4-th0.9-pmin0.3-nothink-T0-p1-n32-s1",
 ])
 def test_protocol_tag_parts_round_trip(name):
-    t = RunTag.parse(name)
-    assert t is not None and t.format() == name
+    t = RunSpec.parse(name)
+    assert t is not None and t.label == name
     b = t.baseline()
     assert (b.system_prompt, b.budget, b.enable_thinking, b.task_prompts) == (
         t.system_prompt, t.budget, t.enable_thinking, t.task_prompts)
-    assert RunTag.parse(b.format()) == b
+    assert RunSpec.parse(b.label) == b
 
 
 @pytest.mark.parametrize("old", ["mars-k4-th0.9-T0-p1-n32-s0", "ar-b4-T0-p1-n24-s0", "sd-k4-draftint8-b2-T0-p1-n8-s0"])
 def test_old_run_names_parse_unchanged(old):
-    t = RunTag.parse(old)
-    assert t.format() == old
+    t = RunSpec.parse(old)
+    assert t.label == old
     assert (t.system_prompt, t.budget, t.enable_thinking, t.task_prompts) == ("none", "exact", None, "ours")
 
 
 def test_each_protocol_setting_changes_the_tag(tmp_path):
     def tag(*o):
-        return RunTag.from_config(tiny_cfg(tmp_path, "method=mars", *o), 64).format()
+        return RunSpec.from_config(tiny_cfg(tmp_path, "method=mars", *o), 64).label
 
     base = tag()
     assert base == "mars-k4-th0.9-T0-p1-n64-s0"
     changed = [tag("protocol.system_prompt=llama2"), tag("protocol.budget=after_step"),
                tag("model.enable_thinking=false"), tag("model.enable_thinking=true"), tag("protocol=authors")]
     assert len({base, *changed}) == 1 + len(changed)
-    assert RunTag.from_config(tiny_cfg(tmp_path, "method=mars"), 64, task_prompts="authors").format() == (
+    assert RunSpec.from_config(tiny_cfg(tmp_path, "method=mars"), 64, task_prompts="authors").label == (
         "mars-k4-th0.9-promptsauthors-T0-p1-n64-s0")
 
 

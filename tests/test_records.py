@@ -38,25 +38,22 @@ def _res(tokens, steps, proposed, accepted, relaxed=()):
 
 
 def _job(interleaved=False):
+    from mars_bench.recordbuild import job_fields
     from mars_bench.tags import RunSpec
 
-    cfg = SimpleNamespace(model=SimpleNamespace(name="tiny", draft_quant="none"), method=SimpleNamespace(k=2),
-                          temperature=0.0, seed=0, get=lambda key, default=None: default)
     tag = RunSpec("sd", "mars", 0.0, 1.0, 8, 0, k=2, settings={"theta": 0.9})
-    return SimpleNamespace(cfg=cfg, tag=tag, task=SimpleNamespace(name="gsm8k", version=1),
-                           method=SimpleNamespace(p_min=0.0), interleaved=interleaved, phase=None)
+    return SimpleNamespace(fields=job_fields(tag, SimpleNamespace(name="gsm8k", version=1),
+                                             SimpleNamespace(k=2, p_min=0.0), "tiny", None, interleaved, None))
 
 
-def test_runner_builds_a_versioned_record_with_todays_keys(monkeypatch):
-    from mars_bench import config as C
-    from mars_bench import runner
+def test_runner_builds_a_versioned_record_with_todays_keys():
+    from mars_bench.recordbuild import sample_record, turn_record
 
-    monkeypatch.setattr(C, "draft_quant_of", lambda cfg: None)
     lenient = {"clause": "top2", "pos": 1, "z1": 0.9, "z2": 0.5}
-    turns = [runner._turn_record(_res([5, 6, 7], 2, [2, 2], [1, 1], [lenient]), [1, 2, 3], "a b c"),
-             {**runner._turn_record(_res([8], 1, [2], [0]), [1], "d"), "span_s": 2.5}]   # batched adds span_s
+    turns = [turn_record(_res([5, 6, 7], 2, [2, 2], [1, 1], [lenient]), [1, 2, 3], "a b c"),
+             turn_record(SimpleNamespace(**vars(_res([8], 1, [2], [0])), span_s=2.5), [1], "d", batched=True)]
     assert list(turns[0]) == TURN_KEYS and turns[0]["z1"] == [0.9123, 0.5]
-    rec = runner._sample_record(_job(), SimpleNamespace(id="q0"), 0, turns, {"correct_strict": 1}, "mkl", 1)
+    rec = sample_record(_job(), SimpleNamespace(id="q0"), 0, turns, {"correct_strict": 1}, "mkl", 1)
     assert list(rec) == SAMPLE_KEYS and rec["record_version"] == RECORD_VERSION
     assert (rec["new_tokens"], rec["steps"], rec["tau"]) == (4, 3, 4 / 3)
     assert (rec["n_proposed"], rec["n_accepted"], rec["n_exact"], rec["n_relaxed"]) == (6, 2, 1, 1)

@@ -311,22 +311,22 @@ def test_notebook_executes_on_fixture(tmp_path):
 
 
 def test_parse_run_tags():
-    from mars_bench.tags import RunTag
+    from mars_bench.tags import RunSpec
 
-    t = RunTag.parse("mars-k4-th0.9-T0-p1-n32-s0")
+    t = RunSpec.parse("mars-k4-th0.9-T0-p1-n32-s0")
     assert (t.scheme, t.rule, t.k, t.settings["theta"], t.temperature, t.top_p, t.max_new_tokens, t.seed) == \
         ("sd", "mars", 4, 0.9, 0.0, 1.0, 32, 0)
-    assert RunTag.parse("ar-T1-p0.95-n512-s3").scheme == "ar"
-    t = RunTag.parse("mars-k4-th1e-05-ratio-margin-T1-p1-n8-s0")      # a number with '-' stays whole
+    assert RunSpec.parse("ar-T1-p0.95-n512-s3").scheme == "ar"
+    t = RunSpec.parse("mars-k4-th1e-05-ratio-margin-T1-p1-n8-s0")      # a number with '-' stays whole
     assert (t.settings["theta"], t.settings["nonpositive_top1"], t.settings["sampled_top1"]) == (1e-05, "ratio", "margin")
-    t = RunTag.parse("sd_tree-d4-w4-t16-T0-p1-n64-s0")
+    t = RunSpec.parse("sd_tree-d4-w4-t16-T0-p1-n64-s0")
     assert (t.scheme, t.rule, t.k, t.tree) == ("sd_tree", "exact", None, "d4-w4-t16")
-    t = RunTag.parse("sd+topk_delta-k4-top10-dl0.3-draftint8-T0-p1-n64-s0")
+    t = RunSpec.parse("sd+topk_delta-k4-top10-dl0.3-draftint8-T0-p1-n64-s0")
     assert (t.rule, t.settings, t.draft_quant) == ("topk_delta", {"top_k": 10, "delta": 0.3}, "int8")
-    assert t.lossless_reference().format() == "sd-k4-draftint8-T0-p1-n64-s0"
-    assert t.baseline().format() == "ar-T0-p1-n64-s0"
+    assert t.lossless_reference().label == "sd-k4-draftint8-T0-p1-n64-s0"
+    assert t.baseline().label == "ar-T0-p1-n64-s0"
     for name in ("report", "multirun", "mars-k4-th0.9-bogus-T0-p1-n8-s0", "nope+mars-T0-p1-n8-s0"):
-        assert RunTag.parse(name) is None
+        assert RunSpec.parse(name) is None
 
 
 @pytest.mark.parametrize("tag", [
@@ -335,9 +335,9 @@ def test_parse_run_tags():
     "sd+typical-k4-eps0.09-al0.3-T0.7-p0.9-n8-s1", "mars-k4-th0.9-margin-nucleusallow-T1-p0.8-n8-s0",
     "sd-k4-pmin0.75-draftint8-T0-p1-n8-s0", "eagle3_mars-d5-w4-t16-th0.9-T0-p1-n8-s0"])
 def test_run_tags_round_trip(tag):
-    from mars_bench.tags import RunTag
+    from mars_bench.tags import RunSpec
 
-    assert RunTag.parse(tag).format() == tag
+    assert RunSpec.parse(tag).label == tag
 
 
 def test_theta_figure_marks_significant_thetas_and_draws_error_bars(frames):

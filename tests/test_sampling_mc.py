@@ -13,11 +13,12 @@ from scipy.stats import chisquare
 
 from mars_bench.decode import sampling
 from mars_bench.decode import DecodeConfig, Method, generate
+from mars_bench.decode.backend import SequenceModel
 
 V = 3
 
 
-class BigramLM:
+class BigramLM(SequenceModel):
     """Stands in for CausalLMAdapter: logits depend on the previous token only."""
 
     def __init__(self, table):

@@ -180,10 +180,10 @@ def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
     """model=tiny through the Hydra entry's run(): summary.json carries lo / hi / p_value / mde / n, the sd
     comparison (sd_dir) and stop-reason shares; W&B gets them; the report prints them without recomputing."""
     from mars_bench import runner as R
-    from mars_bench.tags import RunTag
+    from mars_bench.tags import RunSpec
 
     def run_tag(cfg, n):
-        return RunTag.from_config(cfg, n).dir_name
+        return RunSpec.from_config(cfg, n).dir_name
     from mars_bench.report import all_tables, load_frames
     from mars_bench.report.columns import paired_columns, val
     from mars_bench.summary import summarize_run
@@ -198,7 +198,7 @@ def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
     task, samples, data_dir, max_new, task_dir = R.prepare(cfg)
     cfg_sd = tiny_cfg(tmp_path, "method=sd", *extra)
     s = summarize_run(task_dir / run_tag(cfg, max_new), task, samples, cfg, data_dir,
-                      ar_dir=task_dir / RunTag.from_config(cfg, max_new).baseline().dir_name, sd_dir=task_dir / run_tag(cfg_sd, max_new))
+                      ar_dir=task_dir / RunSpec.from_config(cfg, max_new).baseline().dir_name, sd_dir=task_dir / run_tag(cfg_sd, max_new))
     on_disk = json.loads((task_dir / run_tag(cfg, max_new) / "summary.json").read_text())
     st = on_disk["stats"]
     assert st["settings"]["n_boot"] == 500                       # cfg.stats reached the module

@@ -167,6 +167,7 @@ def test_loggers(tmp_path, monkeypatch):
         make_logger(OmegaConf.create({"name": "x"}), tmp_path)
     run_dir = tmp_path / "tiny_fp32_cpu" / "prompts-v1" / "mars-k4-th0.9-T0-p1-n8-s0"
     assert sweep_group(run_dir) == "run/tiny_fp32_cpu/prompts-v1/T0-p1-n8-s0"
+    assert sweep_group(tmp_path / "m" / "t" / "T9-p1-n8-s0") == "run/m/t/unknown"   # no spec: never the folder's name
     pytest.importorskip("wandb")
     import shutil
 
@@ -190,7 +191,7 @@ def test_loggers(tmp_path, monkeypatch):
 def test_every_compare_entry_composes_and_validates(hydra_ctx, override):
     """Each entry of an interleaved comparison is a job of its own: it must compose and validate, and
     no two entries may name the same run directory."""
-    from mars_bench.tags import RunTag
+    from mars_bench.tags import RunSpec
 
     base = compose("config", overrides=[override])
     assert len(base.interleave) >= 3
@@ -198,7 +199,7 @@ def test_every_compare_entry_composes_and_validates(hydra_ctx, override):
     for entry in base.interleave:
         cfg = compose("config", overrides=[override, *entry])
         C.validate(cfg)
-        tags.append(RunTag.from_config(cfg, 64).dir_name)
+        tags.append(RunSpec.from_config(cfg, 64).dir_name)
     assert len(set(tags)) == len(tags) and tags[0].startswith("ar-")
 
 

@@ -9,7 +9,8 @@ from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.models.adapter import CausalLMAdapter
 from mars_bench.decode.tree import DraftTree, TreeSpec, additive_mask
 from mars_bench.decode.tree.build import _Pool
-from mars_bench.decode.engine import Batch, Request, per_depth_acceptance
+from mars_bench.decode.engine import Batch, Request
+from mars_bench.records import SampleRecord, acceptance_per_depth
 from mars_bench.decode.generate import generate as generate_tree
 
 from .conftest import EOS, MAX_NEW
@@ -180,7 +181,9 @@ def test_sampled_tree_is_seeded_and_audited(tiny, prompt_ids):
     assert a.tokens == b.tokens and a.tokens != c.tokens
     assert a.steps == len(a.proposed) == len(a.accepted) == len(a.depth_proposed)
     assert all(0 <= acc <= d <= p for acc, d, p in zip(a.accepted, a.depth_proposed, a.proposed))
-    rates = per_depth_acceptance(a)
+    rec = SampleRecord.from_dict({"id": "a", "turns": [{"proposed": a.proposed, "accepted": a.accepted,
+                                                        "depth_proposed": a.depth_proposed}]})
+    rates = acceptance_per_depth([rec])
     assert len(rates) == max(a.depth_proposed) and all(0.0 <= r <= 1.0 for r in rates)
 
 

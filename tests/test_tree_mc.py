@@ -21,6 +21,7 @@ from mars_bench.decode.tree import build as tree_mod
 from mars_bench.decode import DecodeConfig, Method
 from mars_bench.decode.tree import TreeSpec
 from mars_bench.decode.generate import generate as generate_tree
+from mars_bench.decode.backend import SequenceModel
 
 V, L, PROMPT = 3, 3, [1, 2]
 gen0 = torch.Generator().manual_seed(0)
@@ -28,7 +29,7 @@ TARGET = torch.randn(V, V, V, generator=gen0) * 1.2
 DRAFT = TARGET + torch.randn(V, V, V, generator=gen0) * 1.0   # deliberately off
 
 
-class TrigramLM:
+class TrigramLM(SequenceModel):
     """Stands in for CausalLMAdapter: logits depend on the last two tokens a position attends to."""
 
     def __init__(self, table):

@@ -6,7 +6,7 @@ from hydra import compose, initialize_config_dir
 
 from mars_bench import config as C
 from mars_bench import runner as R
-from mars_bench.tags import RunTag
+from mars_bench.tags import RunSpec
 
 from .conftest import ROOT, data_dir
 
@@ -22,19 +22,19 @@ def cfg_of(*overrides):
     "sd_tree-d4-w4-t16-qdraft-T1-p1-n8-s0", "mars_tree-d4-w4-t16-qdraft-th0.9-ratio-margin-T1-p1-n8-s0",
     "mars_tree-paths0a1b2c3d-qdraft-th0.84-T0.2-p1-n8-s3", "eagle3_mars-d5-w4-t16-qdraft-th0.9-nucleusallow-T1-p0.9-n8-s0"])
 def test_qdraft_tags_round_trip(tag):
-    t = RunTag.parse(tag)
-    assert t.topk_q == "draft" and t.format() == tag
+    t = RunSpec.parse(tag)
+    assert t.topk_q == "draft" and t.label == tag
 
 
 def test_qdraft_is_never_a_lossless_reference():
-    sd_draft = RunTag.parse("sd_tree-d4-w4-t16-qdraft-T1-p1-n8-s0")
-    sd_onehot = RunTag.parse("sd_tree-d4-w4-t16-T1-p1-n8-s0")
-    mars_draft = RunTag.parse("mars_tree-d4-w4-t16-qdraft-th0.9-T1-p1-n8-s0")
+    sd_draft = RunSpec.parse("sd_tree-d4-w4-t16-qdraft-T1-p1-n8-s0")
+    sd_onehot = RunSpec.parse("sd_tree-d4-w4-t16-T1-p1-n8-s0")
+    mars_draft = RunSpec.parse("mars_tree-d4-w4-t16-qdraft-th0.9-T1-p1-n8-s0")
     assert sd_onehot.lossless and sd_onehot.lossless_reference() is None
     assert not sd_draft.lossless and not mars_draft.lossless
     assert sd_draft.lossless_reference() == sd_onehot
     assert mars_draft.lossless_reference() == sd_onehot
-    assert RunTag.parse("mars_tree-d4-w4-t16-th0.9-T1-p1-n8-s0").lossless_reference() == sd_onehot
+    assert RunSpec.parse("mars_tree-d4-w4-t16-th0.9-T1-p1-n8-s0").lossless_reference() == sd_onehot
 
 
 @pytest.mark.parametrize("temperature,children,part", [(1, "topk", True), (0.2, "topk", True), (0, "topk", False)])
@@ -43,10 +43,10 @@ def test_tag_of_a_config_shows_qdraft_only_where_it_changes_outputs(temperature,
     cfg = cfg_of("model=tiny", "method=mars_tree", "method.topk_q=draft", f"temperature={temperature}",
                  f"method.children={children}")
     C.validate(cfg)
-    name = RunTag.from_config(cfg, 8).format()
+    name = RunSpec.from_config(cfg, 8).label
     assert ("-qdraft-" in name) == part
-    assert "-qdraft-" not in RunTag.from_config(cfg_of("model=tiny", "method=mars_tree", f"temperature={temperature}"),
-                                                8).format()
+    assert "-qdraft-" not in RunSpec.from_config(cfg_of("model=tiny", "method=mars_tree", f"temperature={temperature}"),
+                                                8).label
 
 
 @pytest.mark.parametrize("overrides,needle", [
@@ -73,8 +73,8 @@ def test_paper_trees_experiment_entries(temperature):
     for entry in entries:
         v = cfg_of(*base, *entry)
         C.validate(v)
-        tags.append(RunTag.from_config(v, 256))
-    names = [t.format() for t in tags]
+        tags.append(RunSpec.from_config(v, 256))
+    names = [t.label for t in tags]
     assert len(set(names)) == len(names)
     spec = [t for t in tags if t.scheme != "ar"]
     (ref,) = [t for t in spec if t.lossless]

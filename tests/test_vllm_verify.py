@@ -207,17 +207,25 @@ def _cfg(*overrides):
         return compose(config_name="config", overrides=["model=tiny", "engine=vllm", *overrides])
 
 
+def _validate(C, cfg):
+    """What the runner checks before a job: the schema (config.validate), then the engine (engines.validate)."""
+    from mars_bench.engines import validate
+
+    C.validate(cfg)
+    validate(cfg)
+
+
 def test_engine_vllm_without_vllm_names_the_install_command(monkeypatch):
     from mars_bench import config as C
     from mars_bench.engines import vllm_compat
 
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: None)
     with pytest.raises(C.ConfigError, match=r"^engine=vllm needs vLLM.*install it with: .*\.ci/vllm\.sh") as e:
-        C.validate(_cfg("method=sd"))
+        _validate(C, _cfg("method=sd"))
     assert "\n" not in str(e.value)
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.31.1")
     with pytest.raises(C.ConfigError, match=r"^vLLM 0\.31\.1 is installed; engine=vllm is tested on vLLM 0\.32\.0 only"):
-        C.validate(_cfg("method=sd"))
+        _validate(C, _cfg("method=sd"))
 
 
 @pytest.mark.parametrize("overrides,needle", [
@@ -239,7 +247,7 @@ def test_engine_vllm_refuses_what_vllm_cannot_run(monkeypatch, overrides, needle
 
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.32.0+cpu")
     with pytest.raises(C.ConfigError, match=needle) as e:
-        C.validate(_cfg(*overrides))
+        _validate(C, _cfg(*overrides))
     assert "\n" not in str(e.value)
 
 
@@ -251,9 +259,9 @@ def test_engine_vllm_accepts_chains_and_records_the_version(monkeypatch):
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.32.0+cpu")
     for method in ("ar", "sd", "mars", "lookup"):
         cfg = _cfg(f"method={method}")
-        C.validate(cfg)
+        _validate(C, cfg)
         spec = RunSpec.from_config(cfg, 32)
         assert (spec.engine, spec.engine_version) == ("vllm", "0.32.0+cpu")
         native = _cfg(f"method={method}", "engine=native")
-        C.validate(native)
+        _validate(C, native)
         assert RunSpec.from_config(native, 32).dir_name != spec.dir_name   # never one directory

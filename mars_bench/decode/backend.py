@@ -1,19 +1,20 @@
-"""Backends: what the decoding loop asks of a model and its KV cache.
+"""Backends: what the decoding loop asks of a model and its KV cache, declared once (``Backend``,
+``SequenceModel``).
 
-The loop (``engine.decode``) speaks one interface, the batched cache of ``models.adapter``:
-``batch_reset(rows)``, ``batch_prefill(row, tokens, hidden_states)``, ``batch_forward(tokens, trees,
-hidden_states)`` (row b appends its own tokens, a chain or a draft tree; raw logits per row),
-``batch_crop(lengths)``, ``batch_keep(indices)`` (a tree's accepted path), ``batch_select(rows)``,
-``batch_lens``, plus ``device``, ``out_vocab`` and ``forward_s`` (seconds inside forwards).
-``CausalLMAdapter`` implements it natively (one forward scores every row). ``RowByRow`` gives it to any
-single-sequence model (``reset``/``forward``/``crop``/``keep``, e.g. a llama.cpp context or the toy
-models of the Monte Carlo tests): one copy of the model per row, forwards one row after another.
+The loop (``engine.decode``) speaks one interface, ``Backend``: a batched cache with per-row lengths
+(``batch_reset``, ``batch_prefill``, ``batch_forward``, ``batch_crop``, ``batch_keep``, ``batch_select``,
+``batch_lens``, ``expect``). ``models.adapter.CausalLMAdapter`` implements it natively (one forward scores
+every row). ``RowByRow`` gives it to any ``SequenceModel`` (``reset``/``forward``/``crop``/``keep``, e.g.
+the toy models of the Monte Carlo tests): one fork of the model per row, forwards one row after another.
+Implementations subclass the Protocol they implement, and so inherit its defaults (``expect`` does
+nothing; ``SequenceModel.fork`` copies the model and empties its state).
 """
 from __future__ import annotations
 
 import copy
 import os
 import time
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -21,20 +22,71 @@ import torch
 MEMORY_FRACTION = 0.9     # share of the free device memory a batch's KV caches and logits may take
 
 
-def as_backend(model):
-    """``model`` itself when it has the batched interface, else ``RowByRow(model)``; None stays None."""
-    if model is None or hasattr(model, "batch_forward"):
+class SequenceModel(Protocol):
+    """One sequence and its KV cache: ``forward`` scores new tokens against the cache (raw logits
+    [n, out_vocab]; ``hidden_states=True``: (logits, per-layer hidden states)), ``crop`` rolls the cache back
+    to a length, ``keep`` keeps cached positions by index (a tree's accepted path)."""
+    device: torch.device
+    out_vocab: int
+    forward_s: float          # seconds inside forwards
+    cache_len: int            # cached tokens
+
+    def reset(self) -> None: ...
+
+    def forward(self, tokens, attention_mask=None, position_ids=None, logits: bool = True,
+                hidden_states: bool = False): ...
+
+    def crop(self, length: int) -> None: ...
+
+    def keep(self, index: torch.Tensor) -> None: ...
+
+    def expect(self, n_tokens: int) -> None:
+        """Hint: most forwards will score ``n_tokens`` tokens (a CPU fast path packs its weights for that
+        count). Default: nothing to prepare."""
+
+    def fork(self):
+        """A copy with its own empty state (default: a shallow copy, reset)."""
+        twin = copy.copy(self)
+        twin.reset()
+        return twin
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The batched interface of the decoding loop: B rows, each its own sequence in one cache.
+    ``batch_prefill(row, tokens, hidden_states)`` makes a row hold a new sequence (scored alone, as at batch
+    size 1); ``batch_forward(tokens, trees, hidden_states)``: row b appends its own tokens, a chain or a draft
+    tree (raw logits per row); ``batch_crop(lengths)``; ``batch_keep(indices)`` (a tree's accepted path of the
+    last forward); ``batch_select(rows)`` (finished rows leave)."""
+    device: torch.device
+    out_vocab: int
+    forward_s: float
+
+    @property
+    def batch_lens(self) -> list[int]: ...
+
+    def batch_reset(self, rows: int) -> None: ...
+
+    def batch_prefill(self, row: int, tokens, hidden_states: bool = False): ...
+
+    def batch_forward(self, tokens, trees=None, hidden_states: bool = False): ...
+
+    def batch_crop(self, lengths) -> None: ...
+
+    def batch_keep(self, keep) -> None: ...
+
+    def batch_select(self, rows) -> None: ...
+
+    def expect(self, n_tokens: int) -> None:
+        """Hint: most forwards will score ``n_tokens`` tokens per row. Default: nothing to prepare."""
+
+
+def as_backend(model) -> Backend | None:
+    """``model`` itself when it is a ``Backend``, else ``RowByRow(model)`` over a ``SequenceModel``; None
+    stays None."""
+    if model is None or isinstance(model, Backend):
         return model
     return RowByRow(model)
-
-
-def fork(model):
-    """A copy of a single-sequence model with its own empty state (``model.fork()`` when it has one)."""
-    if hasattr(model, "fork"):
-        return model.fork()
-    twin = copy.copy(model)
-    twin.reset()
-    return twin
 
 
 def tree_inputs(tree, base: int, device, model=None) -> dict:
@@ -48,27 +100,26 @@ def tree_inputs(tree, base: int, device, model=None) -> dict:
             "position_ids": (base + torch.tensor(tree.depths, device=device))[None]}
 
 
-class RowByRow:
-    """The batched cache interface over a single-sequence model: a copy per row, scored one by one."""
+class RowByRow(Backend):
+    """The batched interface over a ``SequenceModel``: a fork per row, scored one by one."""
 
     def __init__(self, model):
         self.model, self.rows, self.forward_s = model, [], 0.0
         self.device, self.out_vocab = model.device, model.out_vocab
         self._fed: list[tuple[int, int]] = []
 
-    def expect(self, n_tokens) -> None:
-        if hasattr(self.model, "expect"):
-            self.model.expect(n_tokens)
+    def expect(self, n_tokens: int) -> None:
+        self.model.expect(n_tokens)
 
     def batch_reset(self, rows: int) -> None:
-        self.rows = [fork(self.model) for _ in range(rows)]
+        self.rows = [self.model.fork() for _ in range(rows)]
 
     @property
     def batch_lens(self) -> list[int]:
         return [r.cache_len for r in self.rows]
 
     def batch_prefill(self, row: int, tokens, hidden_states: bool = False):
-        m = self.rows[row] = fork(self.model)
+        m = self.rows[row] = self.model.fork()
         if not len(tokens):
             return None
         out = self._timed(m, list(tokens), logits=False, hidden_states=hidden_states)
@@ -114,10 +165,12 @@ def check_memory(models, batch_size: int, tokens_per_row: int, rows_per_forward:
     """ValueError (one line, naming the device and the largest batch that fits) when a batch does not fit in
     MEMORY_FRACTION of the free memory of every device it uses: per device, ``batch_size`` rows of
     ``tokens_per_row`` cached tokens in the layers each model keeps there (``kv_bytes_by_device``), grown as
-    the cache grows (``cached_columns``: compaction slack, then spare buffer columns), plus one more row while a
-    prompt's prefill cache is copied into the batch, plus one forward's logits (model output and fp32 copy) on
-    the logits' device. ``available``: free bytes (one number for every device, or {device: bytes})."""
-    cols, gib = cached_columns(tokens_per_row), 2 ** 30
+    the cache grows (each model's ``cached_columns``: its compaction slack, then spare buffer columns), plus one
+    more row while a prompt's prefill cache is copied into the batch, plus one forward's logits (model output
+    and fp32 copy) on the logits' device. ``available``: free bytes (one number for every device, or
+    {device: bytes})."""
+    cols = max(m.cached_columns(tokens_per_row) for m in models if m is not None)
+    gib = 2 ** 30
     for dev, (per_row, once) in memory_need(models, tokens_per_row, rows_per_forward).items():
         free = available.get(dev, 0) if isinstance(available, dict) else available
         free = free if free is not None else free_memory(dev)
@@ -134,12 +187,12 @@ def check_memory(models, batch_size: int, tokens_per_row: int, rows_per_forward:
 
 def memory_need(models, tokens_per_row: int, rows_per_forward: int) -> dict:
     """{device: (bytes per batch row, bytes once)} of ``check_memory``: KV of the layers each model keeps on the
-    device over ``cached_columns`` columns per row, one forward's logits (a row's) on the logits' device, and
-    once a row's cache again (the prefill copy)."""
+    device over its ``cached_columns(tokens_per_row)`` columns per row, one forward's logits (a row's) on the
+    logits' device, and once a row's cache again (the prefill copy)."""
     models = [m for m in models if m is not None]
-    cols = cached_columns(tokens_per_row)
     need: dict = {}
     for m in models:
+        cols = m.cached_columns(tokens_per_row)
         for dev, per_token in m.kv_bytes_by_device().items():
             row = per_token * cols
             per_row, once = need.get(dev, (0, 0))
@@ -149,16 +202,6 @@ def memory_need(models, tokens_per_row: int, rows_per_forward: int) -> dict:
     per_row, once = need.get(dev, (0, 0))
     need[dev] = (per_row + logits, once)
     return need
-
-
-def cached_columns(tokens: int) -> int:
-    """Columns a row's cache may hold for ``tokens`` committed ones: the batched cache compacts only past
-    COMPACT_SLACK unused columns, and an in-place buffer (models.kvcache) grows with spare columns."""
-    from ..models.adapter import COMPACT_SLACK
-    from ..models.kvcache import SPARE
-
-    width = tokens + COMPACT_SLACK
-    return width + max(SPARE, width // 2)
 
 
 def free_memory(device: torch.device) -> int:

@@ -86,8 +86,7 @@ class Batch:
         self.proposer = make_proposer(method, draft, cfg, tree)
         self.target, self.tokenizer, self.cfg, self.batch_size = as_backend(target), tokenizer, cfg, batch_size
         self.hidden = bool(self.proposer and self.proposer.needs_hidden)
-        if hasattr(self.target, "expect"):            # CPU fast path: pack for the usual row count
-            self.target.expect(batch_size * (self.proposer.rows_hint if self.proposer else 1))
+        self.target.expect(batch_size * (self.proposer.rows_hint if self.proposer else 1))   # the usual row count
         self.target.batch_reset(batch_size)
         if self.proposer:
             self.proposer.reset(batch_size)
@@ -178,14 +177,15 @@ def decode(target, draft, tokenizer, requests: Iterable[Request], method: Method
         batch.admit(req, slot)
     batch.select(list(range(len(batch.rows))))
     while batch.rows:
-        starts = [len(r.res.tokens) for r in batch.rows]
+        starts = [(len(r.res.tokens), len(r.res.outcome)) for r in batch.rows]
         batch.step()
         keep = list(range(len(batch.rows)))
-        for b, (r, start) in enumerate(zip(list(batch.rows), starts)):
+        for b, (r, (start, marks)) in enumerate(zip(list(batch.rows), starts)):
             stop = r.stopper.cut(r.res.tokens, start)
             if stop is None:
                 continue
             del r.res.tokens[stop[0]:]
+            _cut_audit(r.res, start, marks, stop[0])
             r.res.stop_reason = stop[1]
             r.res.span_s = time.perf_counter() - r.t_in
             nxt = on_done(r.req, r.res)
@@ -218,6 +218,19 @@ def _feed(last: int, drafts, device):
     return [last] + drafts
 
 
+def _cut_audit(res: DecodeResult, start: int, marks: int, stop: int) -> None:
+    """The last step's audit cut where its tokens were (an EOS or stop string inside the accepted drafts, the
+    budget): it verified positions start, start + 1, ... (``marks``: the outcome's length before it); those at or
+    after ``stop`` were never committed, so no outcome, z1/z2, accepted draft or lenient acceptance is recorded
+    for them (the step's proposal stays as it was)."""
+    extra = start + len(res.outcome) - marks - stop
+    if extra > 0:
+        res.accepted[-1] -= sum(c != "X" for c in res.outcome[-extra:])
+        res.outcome = res.outcome[:-extra]
+        del res.z1[-extra:], res.z2[-extra:]
+    res.relaxed[:] = [e for e in res.relaxed if e["pos"] < stop]
+
+
 def _audit(res: DecodeResult, p, v, committed) -> None:
     """Per step: drafts proposed and accepted (trees: nodes, path length, deepest draft), then per
     verified draft of the committed path z1, z2, outcome (A standard, R lenient, X when the path ended
@@ -242,11 +255,3 @@ def _audit(res: DecodeResult, p, v, committed) -> None:
                                 "clause": c, "top1": v.top1[i], "top2": v.top2[i],
                                 "z1": v.z1[i], "z2": v.z2[i]})
 
-
-def per_depth_acceptance(res: DecodeResult) -> list[float]:
-    """Trees: acceptance rate at depth i (i = 1..): steps whose path reached depth i / steps proposing depth i."""
-    out = []
-    for d in range(1, max(res.depth_proposed, default=0) + 1):
-        n = sum(1 for x in res.depth_proposed if x >= d)
-        out.append(sum(1 for a, x in zip(res.accepted, res.depth_proposed) if x >= d and a >= d) / n)
-    return out

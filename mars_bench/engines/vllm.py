@@ -27,7 +27,6 @@ log = logging.getLogger("mars_bench")
 SCHEMES = ("ar", "sd", "lookup", "eagle3")
 BACKENDS = (None, "mp", "ray", "uni", "external_launcher")   # vLLM's distributed_executor_backend values
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-TINY_SHAPE = {"hidden_size": 128, "intermediate_size": 256, "head_dim": 32}   # head size 32: vLLM's CPU attention
 
 
 def check(cfg) -> str:
@@ -66,13 +65,13 @@ def check(cfg) -> str:
 
 
 def tiny_dirs(seed: int = 0, noise: float = 0.05, root: str | None = None) -> tuple[str, str]:
-    """The tiny pair (models/tiny.py: its tokenizer, seeds and draft noise) in vLLM's shape (``TINY_SHAPE``; the
+    """The tiny pair (models/tiny.py: its tokenizer, seeds and draft noise) in vLLM's shape (``models.tiny.VLLM_SHAPE``; the
     draft without the padded rows), saved once as two HF directories under ``root`` (default: the user cache).
     The native engine loads the same directories with model.source=hf (the parity tests do)."""
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from ..models.tiny import tiny_config, tiny_tokenizer
+    from ..models.tiny import tiny_tokenizer, tiny_vllm_config
 
     base = Path(root or os.environ.get("MARS_BENCH_CACHE") or Path.home() / ".cache" / "mars-bench")
     out = base / f"tiny-vllm-s{seed}-n{noise:g}"
@@ -80,15 +79,9 @@ def tiny_dirs(seed: int = 0, noise: float = 0.05, root: str | None = None) -> tu
     if (out / "draft" / "config.json").is_file():
         return dirs
     tok = tiny_tokenizer()
-
-    def config():
-        c = tiny_config(len(tok))
-        for key, value in TINY_SHAPE.items():
-            setattr(c, key, value)
-        return c
-
     torch.manual_seed(seed)
-    target, draft = Qwen2ForCausalLM(config()).eval(), Qwen2ForCausalLM(config()).eval()
+    target = Qwen2ForCausalLM(tiny_vllm_config(len(tok))).eval()
+    draft = Qwen2ForCausalLM(tiny_vllm_config(len(tok))).eval()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         src = target.state_dict()
@@ -145,7 +138,6 @@ class VllmModels:
         self.machine = machine(str(cfg.model.device))
         self.llms: dict = {}
         self.counter = 0
-        self.wrote = set()
 
     def llm(self, method):
         spec = speculative_config(method, self.cfg.model, self.draft_dir)
@@ -188,27 +180,27 @@ class VllmModels:
         return self._decode_all(job, [(index, sample)], lambda s, rec: None, order)[0]
 
     def decode_batched(self, job, todo: list, write, order: int = 0, source=None) -> None:
-        """Samples ``todo`` at once (vLLM batches them continuously, at most ``max_num_seqs``), turn by turn."""
-        self._decode_all(job, list(source if source is not None else todo), write, order)
+        """Samples ``todo`` ([(index, sample)]) turn by turn. At batch size 1 one sample per call (each timed alone,
+        as the native engine's B = 1); else all at once, vLLM batching them continuously (at most ``max_num_seqs``),
+        each sample's wall time its token share of the call. ``source``: the claimed samples, iterated lazily."""
+        items = source if source is not None else todo
+        if job.tag.batch_size == 1:
+            for item in items:
+                self._decode_all(job, [item], write, order)
+        else:
+            self._decode_all(job, list(items), write, order)
 
     def _decode_all(self, job, todo: list, write, order: int) -> list[dict]:
-        from ..runner import _sample_record
+        from ..recordbuild import sample_record, sample_seed
         from ..tasks import build_messages
 
         cfg, task = job.cfg, job.task
-        if job.run_dir not in self.wrote:   # the run's resolved config beside its records, as the native engine
-            from omegaconf import OmegaConf
-
-            from ..records import atomic_write_text
-
-            atomic_write_text(job.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-            self.wrote.add(job.run_dir)
         outputs = {s.id: [] for _, s in todo}
         turns = {s.id: [] for _, s in todo}
         for t in range(max(len(s.turns) for _, s in todo)):
             live = [(i, s) for i, s in todo if t < len(s.turns)]
             prompts = [self.prompt_ids(build_messages(task, s, outputs[s.id], t)) for _, s in live]
-            seeds = [cfg.seed * 1_000_003 + i + 100_003 * t for i, _ in live]
+            seeds = [sample_seed(cfg.seed, i, t) for i, _ in live]
             outs, audits, wall = self.generate(job, prompts, seeds)
             total = sum(len(o.outputs[0].token_ids) for o in outs) or 1
             for (i, s), prompt, out, steps in zip(live, prompts, outs, audits):
@@ -218,8 +210,8 @@ class VllmModels:
                 turns[s.id].append(turn_record(out, prompt, text, steps, share, self.tokenizer))
         records = []
         for i, s in todo:
-            rec = _sample_record(job, s, i, turns[s.id], task.score(s, outputs[s.id]), self.kernel, order,
-                                 self.machine)
+            rec = sample_record(job, s, i, turns[s.id], task.score(s, outputs[s.id]), self.kernel, order,
+                                self.machine)
             write(s, rec)
             records.append(rec)
         return records

@@ -1,14 +1,15 @@
 """One adapter over Hugging Face causal LMs: all KV-cache plumbing lives here.
 
-The decoding loops only ever call ``forward`` (score n new tokens against the cache, get raw
-logits), ``crop`` (roll the cache back to a committed length) and ``keep`` (compact the cache by
-index selection, for tree drafts). Tree drafts pass a 4-D attention mask and per-token position ids
-through the same ``forward``.
+A single sequence (``decode.backend.SequenceModel``, what tree drafters use) is scored with ``forward``
+(n new tokens against the cache, raw logits), rolled back with ``crop`` (to a committed length) and
+compacted with ``keep`` (index selection, for tree drafts). Tree drafts pass a 4-D attention mask and
+per-token position ids through the same ``forward``.
 
-Batched decoding (``decode.batch``) uses a second cache, one for the whole batch, through the
-``batch_*`` methods: ``batch_reset`` (B empty rows), ``batch_prefill`` (a row's new prompt, scored
-alone exactly as at batch size 1), ``batch_forward`` (each row appends its own number of tokens),
-``batch_crop`` (each row rolled back to its own length) and ``batch_select`` (drop finished rows).
+The decoding loop (``decode.engine``) uses a second cache, one for the whole batch, through the
+``batch_*`` methods of ``decode.backend.Backend``: ``batch_reset`` (B empty rows), ``batch_prefill`` (a
+row's new prompt, scored alone exactly as at batch size 1), ``batch_forward`` (each row appends its own
+number of tokens), ``batch_crop`` (each row rolled back to its own length), ``batch_keep`` (a tree's
+accepted path) and ``batch_select`` (drop finished rows).
 Layout: the cache tensors are [B, heads, W, dim] for a common width W; ``bvalid`` [B, W] says which
 columns hold a row's committed tokens (in position order), so row b's length is ``bvalid[b].sum()``;
 ``bcols`` keeps the same on the host (row b's valid column indices), so lengths, trims and crops never read
@@ -28,6 +29,7 @@ import time
 
 import torch
 
+from ..decode.backend import Backend, SequenceModel
 from ..decode.tree.mask import ancestors
 
 COMPACT_SLACK = 32       # batched cache: unused columns tolerated beyond the longest row before compacting
@@ -43,7 +45,7 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-class BatchCacheMixin:
+class BatchCacheMixin(Backend):
     """The batched cache (see the module docstring); mixed into ``CausalLMAdapter``."""
 
     @torch.inference_mode()
@@ -255,6 +257,13 @@ class BatchCacheMixin:
         for cols, c in zip(self.bcols, counts):
             cols.extend(range(width, width + c))
 
+    def cached_columns(self, tokens: int) -> int:
+        """Columns a batch row's cache may take for ``tokens`` committed ones (``decode.backend.check_memory``):
+        compaction only past COMPACT_SLACK unused columns, and each layer's buffer has spare columns."""
+        from .kvcache import capacity
+
+        return capacity(tokens + COMPACT_SLACK)
+
     def kv_bytes_by_device(self) -> dict:
         """{device: KV-cache bytes one cached token takes in the decoder layers placed there} (several devices
         when a device_map shards the model; layers found as ``model.model.layers``, else all on ``device``)."""
@@ -283,9 +292,9 @@ class BatchCacheMixin:
         return 2 * c.num_hidden_layers * heads * head_dim * size
 
 
-class CausalLMAdapter(BatchCacheMixin):
+class CausalLMAdapter(BatchCacheMixin, SequenceModel):
     """Wraps a ``transformers`` causal LM with its own KV cache (batch size 1), and a second, batched
-    cache with per-row lengths for ``decode.batch`` (the ``batch_*`` methods).
+    cache with per-row lengths for the decoding loop (the ``batch_*`` methods of ``decode.backend.Backend``).
 
     ``out_vocab``: width of the returned logits. A draft whose embedding matrix is padded to a
     different size than the target's is mapped onto the target's vocabulary: extra columns dropped,

@@ -24,6 +24,11 @@ from transformers.cache_utils import DynamicLayer
 SPARE = 256     # spare columns a new buffer gets (at least; half the length once longer)
 
 
+def capacity(columns: int) -> int:
+    """Columns of the buffer a layer allocates to hold ``columns`` (the most it holds for them)."""
+    return columns + max(SPARE, columns // 2)
+
+
 class GrowingLayer(DynamicLayer):
     """``DynamicLayer`` appending into spare columns instead of concatenating."""
 
@@ -44,7 +49,7 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         old = self.keys.shape[-2] if self.keys.dim() == 4 else 0
         if not self._owned(key_states) or old + n > self._kbuf.shape[-2]:
-            cap = old + n + max(SPARE, (old + n) // 2)
+            cap = capacity(old + n)
             (b, h, _, d), (bv, hv, _, dv) = key_states.shape, value_states.shape
             kb, vb = key_states.new_empty(b, h, cap, d), value_states.new_empty(bv, hv, cap, dv)
             if old:

@@ -40,6 +40,17 @@ def tiny_config(vocab_size: int, seed_layers: int = 2):
                        pad_token_id=256)
 
 
+VLLM_SHAPE = {"hidden_size": 128, "intermediate_size": 256, "head_dim": 32}   # head size 32: vLLM's CPU attention
+
+
+def tiny_vllm_config(vocab_size: int):
+    """The tiny pair's config in the shape vLLM's CPU attention takes (``VLLM_SHAPE``; engines/vllm.tiny_dirs)."""
+    c = tiny_config(vocab_size)
+    for key, value in VLLM_SHAPE.items():
+        setattr(c, key, value)
+    return c
+
+
 def tiny_pair(seed: int = 0, noise: float = 0.05, draft_pad: int = 13, dtype=torch.float32):
     """(target, draft, tokenizer). Same seed -> same weights, on any machine."""
     from transformers import Qwen2ForCausalLM

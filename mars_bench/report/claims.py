@@ -18,7 +18,7 @@ import pandas as pd
 
 from .columns import val
 from .frames import headline, study_groups
-from .tables import SPEED_DEFS
+from .definitions import SPEED_DEFS
 from .writer import Table
 
 

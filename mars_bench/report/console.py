@@ -18,8 +18,8 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from .columns import val
+from .definitions import TRUNCATION_LIMIT
 from .frames import DEFAULT_THETA, at_theta, groups, headline, rows
-from .tables import TRUNCATION_LIMIT
 from .writer import ARROW, fmt_cell
 
 WIDTH = 120   # columns when the output is not a terminal (files, pipes, tests)

@@ -127,10 +127,13 @@ def _fidelity(per: dict | None) -> dict:
 
 
 def _title(run: RunFiles) -> str:
-    """Model pair and task for figure titles, e.g. 'tiny (fp32, cpu) | prompts v1'."""
-    extra = run.model_dir[len(run.model):].strip("_").split("_") if run.model_dir.startswith(run.model) else []
-    model = f"{run.model} ({', '.join(extra)})" if extra and extra != [""] else run.model_dir
-    return f"{model} | {run.task} v{run.task_version}"
+    """Model pair and task for figure titles, e.g. 'tiny (fp32, cpu) | prompts v1': names from the run's files,
+    dtype and device from its run.json ('?' where results written before a field existed lack it)."""
+    ident = run.spec.model or {}
+    extra = [str(ident[k]) for k in ("dtype", "device") if ident.get(k)]
+    model = (run.model or "?") + (f" ({', '.join(extra)})" if extra else "")
+    version = f" v{run.task_version}" if run.task_version is not None else " v?"
+    return f"{model} | {run.task or '?'}{version}"
 
 
 @lru_cache(maxsize=None)

@@ -1,7 +1,10 @@
 """Finding the runs of results trees and reading their files (``samples.jsonl``, ``summary.json``).
 
-Layout (written by ``mars_bench.run``): ``<root>/<model dir>/<task dir>/<run dir>/``. A directory holding
-samples.jsonl or summary.json is a run when ``tags.read_spec`` gives its spec. Directories with the same model
+Layout (written by ``mars_bench.runner``): ``<root>/<model dir>/<task dir>/<run dir>/``. A directory holding
+samples.jsonl or summary.json is a run when ``tags.read_spec`` gives its spec (run.json). The folder names only
+place a run (which runs compare); what ran is read from the files: the settings from run.json, the model name,
+task and task version from summary.json, else the sample records, else config.yaml (task and model name), else
+unknown (None; results written before those fields existed). Directories with the same model
 dir, task dir and spec (several roots, several workers) are one run: their samples are merged by id (the first
 complete record wins; a copy that differs is a problem) and the summary covering most samples is kept. A
 corrupt or truncated line is reported as 'file:line: why' in ``RunFiles.problems`` and skipped.
@@ -13,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+import yaml
+
 from .. import records as R
 from ..tags import RunSpec, read_spec
 
@@ -20,8 +25,8 @@ from ..tags import RunSpec, read_spec
 @dataclass
 class RunFiles:
     """What the files of one run hold, merged over its directories."""
-    model_dir: str                  # e.g. tiny_fp32_cpu (model name, dtype, device)
-    task_dir: str                   # e.g. gsm8k-v1
+    model_dir: str                  # the folder, e.g. tiny_fp32_cpu: a place, never parsed
+    task_dir: str                   # the folder, e.g. gsm8k-v1: a place, never parsed
     spec: RunSpec
     dirs: list[Path]
     records: list[dict] = field(default_factory=list)
@@ -29,8 +34,8 @@ class RunFiles:
     directions: dict = field(default_factory=dict)   # metric -> 'higher' | 'lower' (the task's)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    model: str = ""
-    task: str = ""
+    model: str | None = None        # the model config's name (None: unknown)
+    task: str | None = None         # the task's name (None: unknown)
     task_version: int | None = None
 
     @property
@@ -97,12 +102,27 @@ def read_run(model_dir: str, task_dir: str, spec: RunSpec, dirs: list[Path]) -> 
     s = run.summary or {}
     run.directions = dict(s.get("metric_directions") or {})
     run.problems += [p for p in s.get("problems") or [] if p not in run.problems]
-    task, _, ver = task_dir.rpartition("-v")   # the layout's <task>-v<version>
-    run.task, run.task_version = (task, int(ver)) if ver.isdigit() else (task_dir, None)
-    run.model = next((x["model"] for x in [s] + run.records if x.get("model")), model_dir)
+    written = [s] + run.records
+    if any(all(x.get(k) is None for x in written) for k in ("model", "task")):   # older files: config.yaml's names
+        written += [_config(d) for d in dirs]
+    run.model, run.task, run.task_version = (next((x[k] for x in written if x.get(k) is not None), None)
+                                             for k in ("model", "task", "task_version"))
     if len(dirs) > 1:
         run.notes.append(f"merged from {len(dirs)} directories")
     return run
+
+
+def _config(run_dir: Path) -> dict:
+    """The model and task names of a run's config.yaml ({} when it has none or it does not read)."""
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    if not isinstance(cfg, dict):
+        return {}
+    model, task = cfg.get("model"), cfg.get("task")
+    return {"model": model.get("name") if isinstance(model, dict) else None,
+            "task": task.get("name") if isinstance(task, dict) else None}
 
 
 def _outputs(rec: dict) -> list:

@@ -105,13 +105,15 @@ def metrics(run: RunFiles, s: dict) -> dict:
     return {k: reg[k] for k in names if k in reg}
 
 
-def registered_metrics(s: dict, task: str) -> dict:
+def registered_metrics(s: dict, task: str | None) -> dict:
     """The metric registration: summary.json's ``metric_specs``, else the task's task.yaml in this checkout,
     else none (results of a task unknown here)."""
     from ..tasks.base import load_spec
 
     if s.get("metric_specs") is not None:
         return W.from_registration(s["metric_specs"])
+    if task is None:   # results that do not say their task
+        return {}
     try:
         return W.from_registration(load_spec(task)["metrics"])
     except ValueError:

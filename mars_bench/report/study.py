@@ -18,8 +18,8 @@ import pandas as pd
 
 from .columns import val
 from .frames import headline, is_twin, study_pairs
-from .tables import (BASE, CI_DEFINITION, NI_DEFINITION, NO_BUDGET_DEFINITION, SPEED_DEFS, TRUNCATION_LIMIT,
-                     _metric_label, _test)
+from .definitions import (BASE, CI_DEFINITION, NI_DEFINITION, NO_BUDGET_DEFINITION, SPEED_DEFS, TRUNCATION_LIMIT,
+                          metric_label, paired_cells)
 from .writer import Table, ci
 
 QUALITY_COLUMNS = {**ci("tau"), **ci("pct_identical", "identical")}
@@ -56,9 +56,9 @@ def study_table(runs: pd.DataFrame) -> Table:
         if q is not None and not m:
             row["metric"] = "none reported (e.g. no judge configured)"
         if m:
-            row.update({"metric": _metric_label(q, m), **_values(q, ci(f"quality/{m}", "quality"))})
+            row.update({"metric": metric_label(q, m), **_values(q, ci(f"quality/{m}", "quality"))})
             if own:
-                row.update({v: val(q, k.format(m=m)) for k, v in _test("d_ar", "ar").items()})
+                row.update({v: val(q, k.format(m=m)) for k, v in paired_cells("d_ar", "ar").items()})
                 ni = val(q, f"vs_ar/{m}/ni_passes")
                 row["ni"] = None if ni is None else ("yes" if ni else "no")
         ar_q = by_key.get(val(q, "baseline")) if own else None

@@ -24,37 +24,18 @@ import pandas as pd
 
 from .. import records as R
 from .. import stats as S
+from .claims import claims_table
 from .columns import paired_test, val
+from .definitions import (ACCEPTANCE_DEFINITION, AUTHORS_DEFINITIONS, BASE, CI_DEFINITION, NI_DEFINITION,
+                          NO_BUDGET_DEFINITION, SPEED_DEFS, TRUNCATION_LIMIT, metric_label, paired_cells)
 from .frames import DEFAULT_THETA, at_theta, groups, headline, reported, rows
+from .paper import paper_table
+from .study import study_table
 from .writer import ARROW, Table, ci, cells, select
 
-AUTHORS_DEFINITIONS = (f"Authors' formulas, shown beside ours, never instead: {R.SPEEDUP_AUTHORS_DEFINITION}; "
-                       f"{R.TAU_AUTHORS_DEFINITION}")
-NI_DEFINITION = ("NI = non-inferiority to ar of the quality metric: the one-sided 95% bound of Δ clears the "
-                 "margin declared before looking, margin = stats.ni_margin x |ar's score| (yes / no; – when "
-                 "untested)")
-ACCEPTANCE_DEFINITION = ("acceptance rate at depth i = accepted drafts at depth i / verification steps "
-                         "that proposed a draft at depth i")
-TRUNCATION_LIMIT = 0.05   # a run whose share of samples cut at max_new_tokens exceeds this is flagged
-CI_DEFINITION = ("v [lo, hi] = value and its 95% CI (bootstrap over samples; speedup paired with ar on the "
-                 "same resampled samples); p = paired test vs ar (McNemar exact for binary scores, sacrebleu "
-                 "paired bootstrap for BLEU/chrF); MDE = smallest difference this n detects at 80% power, "
-                 "5% level; truncated = share of samples stopped at max_new_tokens")
-SPEED_DEFS = f"{R.TAU_DEFINITION}. {R.SPEEDUP_DEFINITION}."
-NO_BUDGET_DEFINITION = ("speedup without budget hits = the same speedup over the samples where neither the method's "
-                        "nor ar's output hit max_new_tokens in any turn (runaway samples repeat text that drafts "
-                        "easily and inflate the headline)")
-
-BASE = {"model_dir": "model", "task_dir": "task", "settings_label": "settings", "method": "method", "k": "k",
-        "theta": "theta", "label": "label"}
 SPEED = {"n": "n", "acceptance_rate": "acceptance", **ci("tokens_per_s"), **ci("tau"), **ci("tau_authors"),
          **ci("speedup"), **ci("speedup_authors"), **ci("speedup_no_budget")}
 MEAN_KEYS = ("speedup", "tau", "speedup_authors", "tau_authors")   # averaged over tasks in the main table
-
-
-def _test(key: str, vs: str) -> dict:
-    """A ``cells`` mapping: the paired test vs ``vs`` as Δ [CI] in ``key``, its p and MDE beside it."""
-    return {**ci(f"vs_{vs}/{{m}}/delta", key), f"vs_{vs}/{{m}}/p_value": f"p_{key}", f"vs_{vs}/{{m}}/mde": f"mde_{key}"}
 
 
 def _notes(table: Table, run) -> str:
@@ -89,12 +70,6 @@ def _ni_header(runs: pd.DataFrame) -> str:
     return f"NI {100 * margins.pop():g}% vs ar" if len(margins) == 1 else "NI vs ar"
 
 
-def _metric_label(run, metric: str | None) -> str | None:
-    if not metric:
-        return None
-    return f"{metric} {ARROW.get(val(run, 'metric_directions', {}).get(metric), '')}".strip()
-
-
 def main_table(runs: pd.DataFrame, theta: float = DEFAULT_THETA) -> Table:
     """Speedup and tau per task per method, then their mean over the tasks present for the same model pair,
     method and decoding settings (the paper's 'Mean' column). mars at ``theta`` (all thetas where that one
@@ -114,10 +89,10 @@ def main_table(runs: pd.DataFrame, theta: float = DEFAULT_THETA) -> Table:
                ("ni", _ni_header(shown), ""), ("d_sd", "Δ vs sd", ".3f[]"), ("p_d_sd", "p vs sd", "p"),
                ("truncated", "truncated (%)", ".1f"), ("notes", "notes", "")])
     ms = [headline(r) for r in rows(shown)]
-    data = pd.concat([_common(t, shown), cells(shown, ms, {**ci("quality/{m}", "quality"), **_test("d_ar", "ar"),
-                                                           **_test("d_sd", "sd"), "vs_ar/{m}/ni_passes": "ni"})], axis=1)
+    data = pd.concat([_common(t, shown), cells(shown, ms, {**ci("quality/{m}", "quality"), **paired_cells("d_ar", "ar"),
+                                                           **paired_cells("d_sd", "sd"), "vs_ar/{m}/ni_passes": "ni"})], axis=1)
     data["ni"] = data["ni"].map({True: "yes", False: "no"})
-    data["metric"] = [_metric_label(r, m) for r, m in zip(rows(shown), ms)]
+    data["metric"] = [metric_label(r, m) for r, m in zip(rows(shown), ms)]
     data["_task"] = shown["task"]
     data["_across"] = ["|".join(str(r[k]) for k in ("model_dir", "temperature", "top_p", "seed", "label"))
                        for r in rows(shown)]
@@ -153,7 +128,7 @@ def sweep_table(chosen: pd.DataFrame, name: str, caption: str, head: list, tail:
            + ([(f"d:{m}", f"Δ {m} vs ar", ".3f[]"), (f"p_d:{m}", "p", "p"), (f"mde_d:{m}", "MDE", ".3f")]
               if m in tested else [])]
     t = Table(name, caption, head + per + tail)
-    parts = [_common(t, chosen)] + [cells(chosen, m, {**ci("quality/{m}", f"q:{m}"), **_test(f"d:{m}", "ar")})
+    parts = [_common(t, chosen)] + [cells(chosen, m, {**ci("quality/{m}", f"q:{m}"), **paired_cells(f"d:{m}", "ar")})
                                     for m in metrics]
     data = pd.concat(parts, axis=1)
     for key, values in extra.items():
@@ -266,18 +241,8 @@ def quality_table(runs: pd.DataFrame) -> Table:
     return t
 
 
-def study_table(runs: pd.DataFrame) -> Table:
-    """A study's two phases joined (``study.study_table``)."""
-    from .study import study_table as joined
-
-    return joined(runs)
-
-
 def all_tables(runs, theta: float = DEFAULT_THETA) -> dict[str, Table]:
     """Every table of ``runs`` (``Frames.runs``, or the Frames)."""
-    from .claims import claims_table
-    from .paper import paper_table
-
     runs = getattr(runs, "runs", runs)
     return {"main": main_table(runs, theta), "theta": theta_table(runs), "rules": rules_table(runs),
             "fidelity": fidelity_table(runs), "acceptance": acceptance_table(runs), "quality": quality_table(runs),

@@ -1,4 +1,4 @@
-"""A tiny built-in prompt set (``tasks/prompts/prompts.jsonl``) for smoke runs and tests; no quality metric."""
+"""A tiny built-in prompt set (``tasks/specs/prompts/prompts.jsonl``) for smoke runs and tests; no quality metric."""
 from __future__ import annotations
 
 from . import data as D

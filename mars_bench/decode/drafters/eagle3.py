@@ -231,6 +231,9 @@ class Eagle3Drafter:
         self.n_forwards += 1
         return out, full
 
+    def expect(self, n_tokens: int) -> None:
+        """Hint of the nodes an expansion feeds: nothing to prepare for the head."""
+
     def fork(self) -> "Eagle3Drafter":
         """The same head with its own (empty) state: one per sequence of a batch."""
         twin = copy.copy(self)

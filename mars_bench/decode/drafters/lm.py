@@ -4,7 +4,8 @@ A drafter implements ``prefill(prompt, hidden)``, ``root(seq) -> logits [V] | No
 drafter has not seen of the committed sequence; logits for the root's children),
 ``expand(tokens, parent_slots) -> logits [n, V]`` (feed n tree nodes in ONE forward, each seeing the
 committed prefix, its fed ancestors and itself; node i gets the next slot, parent slot -1 = root) and
-``commit(tree, path, committed, hidden)`` (keep only the accepted path). ``LMDrafter`` wraps a small
+``commit(tree, path, committed, hidden)`` (keep only the accepted path), ``expect(n_tokens)`` (a hint: nodes
+most expansions feed) and ``fork()`` (own state, same weights). ``LMDrafter`` wraps a small
 causal LM behind a ``CausalLMAdapter``; ``eagle3.Eagle3Drafter`` is an EAGLE-3 head.
 """
 from __future__ import annotations
@@ -28,9 +29,11 @@ class LMDrafter:
 
     def fork(self) -> "LMDrafter":
         """The same drafter with its own (empty) cache: one per sequence of a batch."""
-        from ..backend import fork
+        return LMDrafter(self.lm.fork())
 
-        return LMDrafter(fork(self.lm))
+    def expect(self, n_tokens: int) -> None:
+        """Hint: most expansions feed ``n_tokens`` nodes (the small LM's fast path packs for that count)."""
+        self.lm.expect(n_tokens)
 
     def prefill(self, prompt: list[int], hidden=None) -> None:
         self.lm.reset()

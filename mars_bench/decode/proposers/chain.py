@@ -30,8 +30,7 @@ class LMChain:
         return self.draft.forward_s
 
     def reset(self, batch_size: int) -> None:
-        if hasattr(self.draft, "expect"):
-            self.draft.expect(batch_size)
+        self.draft.expect(batch_size)
         self.draft.batch_reset(batch_size)
 
     def start(self, row: int, prompt: list[int], hidden=None) -> None:

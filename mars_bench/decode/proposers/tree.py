@@ -23,9 +23,7 @@ class TreeProposer:
         self.mode = "greedy" if cfg.temperature == 0.0 else self.spec.children
         self.rows: list = []
         self.forward_s = 0.0
-        lm = getattr(self.base, "lm", None)
-        if lm is not None and hasattr(lm, "expect"):
-            lm.expect(self.spec.top_k if self.spec.static_paths is None else _widest(self.spec))
+        self.base.expect(self.spec.top_k if self.spec.static_paths is None else _widest(self.spec))
 
     def reset(self, batch_size: int) -> None:
         self.rows = [None] * batch_size

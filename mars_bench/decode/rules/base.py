@@ -2,8 +2,10 @@
 
 A rule is a small pure function over tensors, registered once (``register``) with its settings
 (defaults and allowed ranges), whether it is lossless, the modes it is defined for and how its
-settings appear in a run directory's name. Nothing outside ``mars_bench/decode/rules/`` names a rule:
-the runner, run tags, summaries, the report and the W&B logger all read ``RULES``.
+settings appear in a run directory's name. Rules are defined only here: the runner, run specs, summaries,
+the report and the W&B logger read their settings, lossless flag and names from ``RULES``. The report also
+names ``mars`` itself, as the paper's rule: its default theta (``report.frames.DEFAULT_THETA``, read from the
+registration), its colour and its place first among the lossy rules.
 
 Inputs of a rule function, for k draft positions over a vocabulary of size V:
   draft     LongTensor[k]      the draft tokens
@@ -136,7 +138,7 @@ class Rule:
                 raise ValueError(f"rule={self.name} is not defined for {m} decoding; it is defined for: {ok}")
 
     def tag_parts(self, settings: dict, temperature: float, top_p: float) -> list[str]:
-        """How the settings appear in a run directory's name (``results.tags``)."""
+        """How the settings appear in a run directory's name (``tags.RunSpec.label``)."""
         out = []
         for k in self.knobs:
             v = settings[k.name]
@@ -214,7 +216,7 @@ def in_support(draft: torch.Tensor, p_target: torch.Tensor | None) -> torch.Tens
 
 @dataclass
 class PathVerdict:
-    """What the audit records of one step's accepted path (chain or tree; ``chain.record_verdict``)."""
+    """What the audit records of one step's accepted path (chain or tree; ``engine._audit``)."""
     next_token: int          # correction (on rejection) or bonus (all accepted) token
     clause: list[str | None]  # per accepted position: the lenient clause that accepted it, or None
     z1: list[float]          # per verified position (accepted ones + the first rejected one)

@@ -9,8 +9,13 @@ softmax(z), sampled p_target (temperature, top-p).
 Strict setting (= exact): theta = 1 in greedy decoding (r > 1 never holds); in sampled decoding
 theta = 1 with sampled_top1 = margin (with ``always`` a top-1 draft is accepted outright, which is
 lossy: issue 16). ``outside_nucleus``: with top_p < 1, ``refuse`` (default) never accepts leniently a
-draft outside the target's nucleus (p_target[d] = 0 after top-p); ``allow`` is the authors' released
-behaviour (their top-1/top-2 come from the unfiltered logits). ``outside_top2`` (sampled): where
+draft outside the target's nucleus (p_target[d] = 0 after top-p); ``allow`` takes r and the top-2 from the
+unfiltered logits with no nucleus check (this harness before the setting existed). The authors' code
+(5SSjw/MARS ``mars/model/utils.py``, ``evaluate_posterior``, sampled branch) takes them from the logits after
+its ``logits_processor`` (temperature, then top-p, -inf outside the nucleus): with two or more tokens in the
+nucleus its top-2 and r are the unfiltered ones, inside the nucleus (both settings agree with it); with a
+one-token nucleus z2 = -inf, so it never relaxes when z1 > 0 (as ``refuse``), and when z1 < 0 (r = +inf) it
+may accept a zero-probability token (``torch.topk``'s pick among the -inf ties), which neither setting does. ``outside_top2`` (sampled): where
 r > theta, a draft that is neither top-1 nor top-2 gets the standard test (``test``, default) or, as
 in the authors' tree code, is rejected untested and leaves p_target as it was for the next sibling
 (``skip``; in a chain the correction token is then drawn from p_target, not the residual).
@@ -29,7 +34,7 @@ THETA = Knob("theta", 0.9, "threshold on r = z2/z1; the paper's default 0.9", lo
 SAMPLED = Knob("sampled_top1", "always", "sampling: always accept a top-1 draft | margin: only when r > theta "
                "(the authors' code), else the standard test", choices=SAMPLED_TOP1, sampled_only=True)
 NUCLEUS = Knob("outside_nucleus", "refuse", "top_p < 1: refuse lenient acceptance of a draft outside the nucleus "
-               "| allow (the authors' code)", choices=("refuse", "allow"), tag="nucleus", nucleus_only=True,
+               "| allow (r and top-2 from the unfiltered logits, no nucleus check)", choices=("refuse", "allow"), tag="nucleus", nucleus_only=True,
                show_default=True)   # shown at the default too: runs before it existed accepted outside the nucleus
 
 

@@ -95,25 +95,53 @@ def verify_greedy(rule, tree: DraftTree, z: torch.Tensor, **rule_kwargs) -> Tree
 
 def verify_sampled(rule, tree: DraftTree, z: torch.Tensor, temperature: float, top_p: float,
                    gen: torch.Generator, **rule_kwargs) -> TreeVerdict:
-    node, path, clause, vocab = 0, [], [], z.shape[-1]
+    """One host read per node of the walk (``_test_children``), the root's carrying every row's top-2 (audit)."""
+    node, path, clause, tops = 0, [], [], None
     while True:
-        p = p_node = sampling.warp(z[node], temperature, top_p)
-        nxt = None
-        for i, c in enumerate(tree.children[node]):
-            q = tree.child_q(node, i, vocab, z.device)
-            u = torch.rand(1, generator=gen, device=z.device)
-            v = rule(torch.tensor([tree.tokens[c]], device=z.device), z[node][None], p_node[None], q[None], u,
-                     p_standard=p[None], **rule_kwargs)   # the standard test on the residual, clauses on p_target
-            if bool(v.accept[0]):
-                nxt = c
-                clause.append(_name(rule, int(v.clause[0])))
-                break
-            if rule.correction == "residual" and not bool(v.skipped[0]):   # skipped: untested, p stays
-                p = sampling.residual(p, q)
+        nxt, name, token, node_tops = _test_children(rule, tree, z, node, temperature, top_p, gen, rule_kwargs,
+                                                     with_tops=tops is None)
+        tops = tops or node_tops
         if nxt is None:
-            return _verdict(rule, tree, z, path, clause, int(sampling.sample(p, gen)))
+            return _verdict(rule, tree, z, path, clause, token, tops)
         path.append(nxt)
+        clause.append(name)
         node = nxt
+
+
+def _test_children(rule, tree: DraftTree, z: torch.Tensor, node: int, temperature: float, top_p: float,
+                   gen: torch.Generator, rule_kwargs: dict, with_tops: bool):
+    """The recursion above at one node, on the device: every child tested in rank order against the residual
+    left by the earlier ones (one uniform each, drawn together), and the token to commit if none is accepted
+    drawn from the final residual. A test after an acceptance is computed and ignored (it cannot change the
+    first accepted child, and p only matters when every child was rejected), so the law is the sequential one.
+    Returns (first accepted child or None, its clause, the drawn token, every row's top-2 or None)."""
+    dev, kids = z.device, tree.children[node]
+    p = p_node = sampling.warp(z[node], temperature, top_p)
+    u = torch.rand(len(kids), generator=gen, device=dev)
+    accept, clauses = [], []
+    for i, c in enumerate(kids):
+        q = tree.child_q(node, i, z.shape[-1], dev)
+        v = rule(torch.tensor([tree.tokens[c]], device=dev), z[node][None], p_node[None], q[None], u[i:i + 1],
+                 p_standard=p[None], **rule_kwargs)   # the standard test on the residual, clauses on p_target
+        accept.append(v.accept[0])
+        clauses.append(v.clause[0])
+        if rule.correction == "residual":                 # skipped: untested, p stays
+            p = torch.where(v.skipped[0], p, sampling.residual(p, q))
+    parts = [torch.stack(accept).double(), torch.stack(clauses).double()] if kids else []
+    parts.append(sampling.sample(p, gen).double().reshape(1))
+    if with_tops:
+        parts += [t.double() for t in top2(z)]
+    host = torch.cat(parts).tolist()                      # the one host read
+    m = len(kids)
+    first = next((i for i in range(m) if host[i]), None)
+    tops = None
+    if with_tops:
+        n = len(tree.tokens)
+        rows = host[2 * m + 1:]
+        tops = {name: rows[i * n:(i + 1) * n] for i, name in enumerate(("z1", "z2", "t1", "t2"))}
+    if first is None:
+        return None, None, int(host[2 * m]), tops
+    return kids[first], _name(rule, int(host[m + first])), int(host[2 * m]), tops
 
 
 def _name(rule, c: int):
