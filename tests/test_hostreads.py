@@ -59,6 +59,20 @@ def test_greedy_tree_step_reads_once_to_build_and_once_to_verify(tiny, prompt_id
     assert per_step <= 2 and sum(r.steps for r in res) < N_PROMPTS * MAX_NEW / 2
 
 
+@pytest.mark.parametrize("method", [Method("sd_tree"), Method("mars_tree", rule="mars", rule_kwargs={"theta": 0.6})])
+def test_sampled_tree_step_reads_once_to_build_and_once_per_node_of_the_walk(tiny, prompt_ids, method):
+    """Every child of a node is tested on the device (its residual chain included) and read once with the token
+    to commit if none is accepted: reads per step <= 1 (build) + accepted nodes + 1 (12.2 per step before)."""
+    target, draft, tok = tiny
+    cfg = DecodeConfig(max_new_tokens=MAX_NEW, temperature=1.0)
+    with HostReads() as reads:
+        res = [generate(target, draft, tok, ids, method, cfg, seed=i, tree=TREE)
+               for i, ids in enumerate(prompt_ids[:N_PROMPTS])]
+    steps, accepted = sum(r.steps for r in res), sum(sum(r.accepted) for r in res)
+    assert accepted > 0 and all(len(r.tokens) == MAX_NEW for r in res)
+    assert reads.total <= 2 * steps + accepted
+
+
 def test_batched_chain_reads_once_per_row(tiny, prompt_ids):
     target, draft, tok = tiny
     got, steps = {}, []
