@@ -253,6 +253,8 @@ def test_main_table_has_the_mean_row_for_two_tasks(tmp_path):
     src = Path(__file__).parent / "fixtures" / "results" / "worker0" / "toy-pair_fp32_cpu" / "gsm8k-v1"
     for task in ("gsm8k-v1", "gsm8k_copy-v1"):
         shutil.copytree(src, tmp_path / "toy-pair_fp32_cpu" / task)
+    for f in (tmp_path / "toy-pair_fp32_cpu" / "gsm8k_copy-v1").rglob("*.json*"):   # the task the records name
+        f.write_text(f.read_text().replace('"task": "gsm8k"', '"task": "gsm8k_copy"'))
     sd = tmp_path / "toy-pair_fp32_cpu" / "gsm8k_copy-v1" / "sd-k2-T0-p1-n8-s0" / "samples.jsonl"
     sd.write_text("\n".join(sd.read_text().splitlines()[:2]) + "\n")     # q0, q1 only: other numbers
     rows = all_tables(load_frames(tmp_path))["main"].rows

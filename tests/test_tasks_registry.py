@@ -1,4 +1,5 @@
 """Registry, configuration, loading (subsets, limits, sha256) and chat-message building of mars_bench.tasks."""
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,27 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_registry_names():
     assert set(TASKS) == {"gsm8k", "humaneval", "mt_bench", "wmt19_zh_en", "alpaca", "cnn_dm", "qa", "prompts"}
+
+
+def test_a_task_is_its_module_spec_and_config_group_entry():
+    """The registry is found, not listed: every task has a spec and a Hydra task config, and nothing else names it
+    (adding a task touches its module, specs/<name>/task.yaml and conf/task/<name>.yaml)."""
+    specs = {p.parent.name for p in (ROOT / "mars_bench" / "tasks" / "specs").glob("*/task.yaml")}
+    confs = {p.stem for p in (ROOT / "mars_bench" / "conf" / "task").glob("*.yaml")}
+    assert set(TASKS) == specs == confs
+    shared = "\n".join((ROOT / "mars_bench" / "tasks" / f).read_text() for f in ("__init__.py", "data.py"))
+    assert not [c.__name__ for c in TASKS.values() if re.search(rf"import .*\b{c.__name__}\b", shared)]   # no list
+
+
+def test_a_spec_names_its_public_copies(tmp_path):
+    from mars_bench.tasks import data as D
+
+    spec = tmp_path / "toy" / "task.yaml"
+    spec.parent.mkdir()
+    spec.write_text("name: toy\ndata:\n  files: [toy/a.jsonl, toy/b.jsonl]\n  rows: {toy/a.jsonl: 3, toy/b.jsonl: 4}\n"
+                    "  sha256: {toy/a.jsonl: aa, toy/b.jsonl: bb}\n  public: {toy/b.jsonl: 'https://example.invalid/b'}\n")
+    assert D.task_sources(tmp_path) == {"toy/b.jsonl": D.PublicFile("https://example.invalid/b", "bb", 4)}
+    assert D.PUBLIC["gsm8k/test.jsonl"].url.endswith("/grade_school_math/data/test.jsonl")   # from its spec
 
 
 def test_unknown_task_is_one_line_listing_known_names():

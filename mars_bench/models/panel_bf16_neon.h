@@ -24,11 +24,6 @@ int panel_linear_amx(const float *x, long M, long K, const unsigned short *wq, l
 #if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
 int panel_neon_bfdot(void) { return 1; }
 
-static inline unsigned short to_bf16(float f) {
-    unsigned int u; __builtin_memcpy(&u, &f, 4);
-    if ((u & 0x7fffffff) > 0x7f800000) return (unsigned short)((u >> 16) | 0x40);    /* quiet NaN */
-    return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
 #define KERNB(R) \
 static void kernb_##R(const unsigned int *xt, long K2, const unsigned short *w, float *y, long N, const float *b) { \
     float32x4_t a0[R], a1[R]; \

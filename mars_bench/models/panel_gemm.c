@@ -61,6 +61,12 @@ typedef float32x4_t vec;
 #define PREFETCH_T1(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
 #endif
 #define NB (2 * VW)                             /* panel width: two vectors */
+/* fp32 -> bf16, round to nearest even (as torch), NaN kept quiet: the bf16 kernels that round x (AVX512_BF16, BFDOT) */
+static inline __attribute__((unused)) unsigned short to_bf16(float f) {
+    unsigned int u; __builtin_memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (unsigned short)((u >> 16) | 0x40);    /* quiet NaN */
+    return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
 #define PF 64                                   /* prefetch distance in k-steps (best of 4..128 here) */
 
 #define KERN(R) \
@@ -156,11 +162,6 @@ int rows_attention(const float *q, long qsb, long qsh, long qsr, const float *k,
 
 #ifdef __AVX512BF16__
 #define PFB 256                                 /* prefetch distance in k-pair steps (32 KB ahead; both lines of a step) */
-static inline unsigned short to_bf16(float f) {
-    unsigned int u; __builtin_memcpy(&u, &f, 4);
-    if ((u & 0x7fffffff) > 0x7f800000) return (unsigned short)((u >> 16) | 0x40);    /* quiet NaN */
-    return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
 #define KERNB(R) \
 static void kernb_##R(const unsigned int *xt, long K2, const unsigned short *w, float *y, long N, const float *b) { \
     __m512 a0[R], a1[R]; \

@@ -7,20 +7,33 @@ files) plus a tiny built-in prompt set; our scoring, with the authors' beside it
 """
 from __future__ import annotations
 
-from .alpaca import Alpaca
-from .base import MetricSpec, Sample, Task
-from .cnn_dm import CnnDm
-from .data import DataError
-from .gsm8k import GSM8K
-from .humaneval import HumanEval
-from .mt_bench import MTBench
-from .prompts import Prompts
-from .qa import QA
-from .sandbox import sandbox_status
-from .wmt19 import WMT19ZhEn
+import importlib
+import pkgutil
 
-TASKS: dict[str, type[Task]] = {c.name: c for c in (GSM8K, HumanEval, MTBench, WMT19ZhEn, Alpaca, CnnDm, QA,
-                                                    Prompts)}
+from .base import MetricSpec, Sample, Task
+from .data import DataError
+from .sandbox import sandbox_status
+
+
+def _discover() -> dict[str, type[Task]]:
+    """Every named ``Task`` subclass defined in a module of this package, by name. Adding a task is its module
+    here, its ``specs/<name>/task.yaml`` and its ``conf/task/<name>.yaml``: no list to extend."""
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+    found: dict[str, type[Task]] = {}
+    todo = [Task]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.name and cls.__module__.startswith(f"{__name__}."):
+            if found.get(cls.name, cls) is not cls:
+                raise TypeError(f"task name {cls.name!r} defined twice: {found[cls.name].__module__}, {cls.__module__}")
+            found[cls.name] = cls
+    return dict(sorted(found.items()))
+
+
+TASKS: dict[str, type[Task]] = _discover()
 
 __all__ = ["TASKS", "DataError", "MetricSpec", "Sample", "Task", "build_messages", "get_task", "sandbox_status"]
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+
 from ..files import sha256_file  # noqa: F401  (D.sha256_file for the task modules)
 
 log = logging.getLogger("mars_bench.tasks")
@@ -42,30 +44,9 @@ class PublicFile:
 
 _GH = "https://raw.githubusercontent.com/"
 # Copied from the data MANIFEST.md: the same bytes as the offline copies (sha256 of the stored file).
-PUBLIC: dict[str, PublicFile] = {
-    "gsm8k/test.jsonl": PublicFile(
-        _GH + "openai/grade-school-math/3101c7d5072418e28b9008a6636bde82a006892c/grade_school_math/data/test.jsonl",
-        "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14", 1319),
-    "humaneval/HumanEval.jsonl.gz": PublicFile(
-        _GH + "openai/human-eval/6d43fb980f9fee3c892a914eda09951f772ad10d/data/HumanEval.jsonl.gz",
-        "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef", 164),
-    "mt_bench/question.jsonl": PublicFile(
-        _GH + "lm-sys/FastChat/0e6d3e4beaab66f4d3f93db72541a4abab8af28d/fastchat/llm_judge/data/mt_bench/"
-              "question.jsonl",
-        "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7", 80),
-    "mt_bench/reference_answer/gpt-4.jsonl": PublicFile(
-        _GH + "lm-sys/FastChat/0e6d3e4beaab66f4d3f93db72541a4abab8af28d/fastchat/llm_judge/data/mt_bench/"
-              "reference_answer/gpt-4.jsonl",
-        "f957a5bc977badb66885ec970e6cd08527845780313f0995764260e5777b9b3f", 30),
-    "wmt19_zh_en/src.zh": PublicFile(
-        _GH + "Helsinki-NLP/OPUS-MT-testsets/ac0f19c0be3cb4e0d9450fcb2d7a9847c4bdd180/datasets/statmt/"
-              "wmt_newstest/2019/zh-en/newstest2019.zh",
-        "394db8239f1bd88d979293c8ce36573a2aaf6b21d5aa25771020f2c865590ffe", 2000),
-    "wmt19_zh_en/ref.en": PublicFile(
-        _GH + "Helsinki-NLP/OPUS-MT-testsets/ac0f19c0be3cb4e0d9450fcb2d7a9847c4bdd180/datasets/statmt/"
-              "wmt_newstest/2019/zh-en/newstest2019.en",
-        "8c8ffef4353bf24a685208e8f3d2aa1597ea3b66e6e614d84c850a87303d3900", 2000),
-}
+# The public copies of the tasks' own files are named by their specs (``data.public`` in specs/<task>/task.yaml,
+# ``task_sources`` below); here only the MARS authors' release, which several tasks read.
+PUBLIC: dict[str, PublicFile] = {}
 
 # The MARS authors' evaluation files (5SSjw/MARS, mars/data/), byte for byte; gsm8k, sum and qa lack a final
 # newline (rows count the last line all the same).
@@ -249,3 +230,17 @@ def check_count(rows: list, expected: int | None, path: Any) -> None:
     if expected is not None and len(rows) != expected:
         raise DataError(path, f"expected {expected} rows, found {len(rows)}")
 
+
+def task_sources(root: Path | None = None) -> dict[str, PublicFile]:
+    """The public copies the task specs name: ``data.public`` (file -> URL at a pinned commit) in each
+    ``<tasks_dir>/<task>/task.yaml``, with the sha256 and row count of the same ``data`` block."""
+    out = {}
+    for path in sorted((root or tasks_dir()).glob("*/task.yaml")):
+        data = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("data") or {}
+        for rel, url in (data.get("public") or {}).items():
+            rows = data["rows"][rel] if isinstance(data.get("rows"), dict) else data["rows"]
+            out[rel] = PublicFile(url, data["sha256"][rel], int(rows))
+    return out
+
+
+PUBLIC.update(task_sources())
