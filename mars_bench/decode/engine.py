@@ -177,15 +177,14 @@ def decode(target, draft, tokenizer, requests: Iterable[Request], method: Method
         batch.admit(req, slot)
     batch.select(list(range(len(batch.rows))))
     while batch.rows:
-        starts = [(len(r.res.tokens), len(r.res.outcome)) for r in batch.rows]
+        starts = [len(r.res.tokens) for r in batch.rows]
         batch.step()
         keep = list(range(len(batch.rows)))
-        for b, (r, (start, marks)) in enumerate(zip(list(batch.rows), starts)):
+        for b, (r, start) in enumerate(zip(list(batch.rows), starts)):
             stop = r.stopper.cut(r.res.tokens, start)
             if stop is None:
                 continue
             del r.res.tokens[stop[0]:]
-            _cut_audit(r.res, start, marks, stop[0])
             r.res.stop_reason = stop[1]
             r.res.span_s = time.perf_counter() - r.t_in
             nxt = on_done(r.req, r.res)
@@ -216,19 +215,6 @@ def _feed(last: int, drafts, device):
     if isinstance(drafts, torch.Tensor):
         return torch.cat([torch.tensor([last], dtype=torch.long, device=device), drafts.to(device)])
     return [last] + drafts
-
-
-def _cut_audit(res: DecodeResult, start: int, marks: int, stop: int) -> None:
-    """The last step's audit cut where its tokens were (an EOS or stop string inside the accepted drafts, the
-    budget): it verified positions start, start + 1, ... (``marks``: the outcome's length before it); those at or
-    after ``stop`` were never committed, so no outcome, z1/z2, accepted draft or lenient acceptance is recorded
-    for them (the step's proposal stays as it was)."""
-    extra = start + len(res.outcome) - marks - stop
-    if extra > 0:
-        res.accepted[-1] -= sum(c != "X" for c in res.outcome[-extra:])
-        res.outcome = res.outcome[:-extra]
-        del res.z1[-extra:], res.z2[-extra:]
-    res.relaxed[:] = [e for e in res.relaxed if e["pos"] < stop]
 
 
 def _audit(res: DecodeResult, p, v, committed) -> None:
