@@ -49,3 +49,18 @@ def test_offload_is_refused_in_one_line_unless_allowed():
     check_offload(model, True)
     check_offload(SimpleNamespace(hf_device_map={"": 0}), False)
     check_offload(SimpleNamespace(), False)
+
+
+def test_a_fast_path_bf16_target_is_checked_at_batch_size_1():
+    """The embedded default (bf16 panels: the LM head holds no ``weight``) passes the memory check the runner makes
+    before every batch, B = 1 included (make run failed there once)."""
+    from mars_bench.models import fastpath
+    from mars_bench.models.adapter import CausalLMAdapter
+    from mars_bench.models.tiny import tiny_pair
+
+    target, draft, _ = tiny_pair(dtype=torch.bfloat16)
+    adapters = [CausalLMAdapter(fastpath.enable_fast_path(m)) for m in (target, draft)]
+    assert adapters[0].logits_device == torch.device("cpu")
+    check_memory(adapters, 1, 64, 5)
+    with pytest.raises(ValueError, match="batch_size=1 needs"):
+        check_memory(adapters, 1, 64, 5, available=1)

@@ -279,8 +279,12 @@ class BatchCacheMixin(Backend):
 
     @property
     def logits_device(self) -> torch.device:
-        """Where the raw logits come out: the LM head's device (the last GPU of a sharded model)."""
-        return self.model.get_output_embeddings().weight.device
+        """Where the raw logits come out: the LM head's device (the last GPU of a sharded model). A CPU fast-path
+        head may hold its weight as panels only (no ``weight``): any tensor of it says where it is."""
+        head = self.model.get_output_embeddings()
+        t = next(iter(head.parameters()), None)
+        t = t if t is not None else next(iter(head.buffers()), None)
+        return t.device if t is not None else self.device
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one cached token takes (every layer, keys and values), from the model config."""
