@@ -49,25 +49,7 @@ int panel_amx_init(void) { return 0; }
 int panel_linear_amx(const float *x, long M, long K, const unsigned short *wq, long N, const float *bias,
                      float *y, int threads) { return -2; }
 
-/* Returns 0, or -1 when the scratch for the transposed rows cannot be allocated. */
-int panel_linear_bf16(const float *x, long M, long K, const unsigned short *wq, long N, const float *bias,
-                      float *y, int threads) {
-    float *xt = malloc(sizeof(float) * (M * K + 1));
-    if (!xt) return -1;
-    for (long r0 = 0; r0 < M; r0 += RB) {
-        long R = M - r0 < RB ? M - r0 : RB;
-        for (long k = 0; k < K; k++)
-            for (long r = 0; r < R; r++) xt[r0 * K + k * R + r] = x[(r0 + r) * K + k];
-    }
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (long p = 0; p < N / NB; p++) {
-        const unsigned short *w = wq + p * K * NB;
-        const float *b = bias ? bias + p * NB : 0;
-        for (long r0 = 0; r0 < M; r0 += RB) {
-            long R = M - r0 < RB ? M - r0 : RB;
-            KERNBS[R](xt + r0 * K, K / 2, w, y + r0 * N + p * NB, N, b);
-        }
-    }
-    free(xt);
-    return 0;
-}
+typedef float xelem_t;                          /* x as fp32, one k per element */
+#define XSTEP 1
+static inline void put_x(xelem_t *xt, const float *xr) { *xt = xr[0]; }
+#define BROWS RB                                /* rows per chunk of the driver (panel_gemm.c) */

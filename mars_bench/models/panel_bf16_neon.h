@@ -78,26 +78,4 @@ typedef void (*kernb_t)(const xelem_t *, long, const unsigned short *, float *, 
 static const kernb_t KERNBS[RMAX + 1] = {0, kernb_1, kernb_2, kernb_3, kernb_4, kernb_5, kernb_6,
                                          kernb_7, kernb_8, kernb_9, kernb_10, kernb_11, kernb_12};
 
-/* Returns 0, or -1 when the scratch for the transposed rows cannot be allocated. */
-int panel_linear_bf16(const float *x, long M, long K, const unsigned short *wq, long N, const float *bias,
-                      float *y, int threads) {
-    const long KX = K / XSTEP;                  /* x elements per row */
-    xelem_t *xt = malloc(sizeof(xelem_t) * (M * KX + 1));
-    if (!xt) return -1;
-    for (long r0 = 0; r0 < M; r0 += RMAX) {
-        long R = M - r0 < RMAX ? M - r0 : RMAX;
-        for (long k = 0; k < KX; k++)
-            for (long r = 0; r < R; r++) put_x(xt + r0 * KX + k * R + r, x + (r0 + r) * K + XSTEP * k);
-    }
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (long p = 0; p < N / NB; p++) {
-        const unsigned short *w = wq + p * K * NB;
-        const float *b = bias ? bias + p * NB : 0;
-        for (long r0 = 0; r0 < M; r0 += RMAX) {
-            long R = M - r0 < RMAX ? M - r0 : RMAX;
-            KERNBS[R](xt + r0 * KX, K / 2, w, y + r0 * N + p * NB, N, b);
-        }
-    }
-    free(xt);
-    return 0;
-}
+#define BROWS RMAX                              /* rows per chunk of the driver (panel_gemm.c) */

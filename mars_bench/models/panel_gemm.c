@@ -282,11 +282,41 @@ int panel_linear_amx(const float *x, long M, long K, const unsigned short *wq, l
 #endif
 #elif defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #include "panel_bf16_avx2.h"
+#define BF16_DRIVER
 #elif defined(__aarch64__)
 #include "panel_bf16_neon.h"
+#define BF16_DRIVER
 #else
 int panel_bf16_available(void) { return 0; }
 int panel_amx_init(void) { return 0; }
+#endif
+
+#ifdef BF16_DRIVER
+/* The driver of the AVX2 and NEON bf16 kernels (their headers define xelem_t, XSTEP, put_x, BROWS, KERNBS): x
+ * transposed once into chunks of at most BROWS rows, k-major (x elements of XSTEP k each), then every panel
+ * streamed once per chunk by one thread. Returns 0, or -1 when the scratch cannot be allocated. */
+int panel_linear_bf16(const float *x, long M, long K, const unsigned short *wq, long N, const float *bias,
+                      float *y, int threads) {
+    const long KX = K / XSTEP;                  /* x elements per row */
+    xelem_t *xt = malloc(sizeof(xelem_t) * (M * KX + 1));
+    if (!xt) return -1;
+    for (long r0 = 0; r0 < M; r0 += BROWS) {
+        long R = M - r0 < BROWS ? M - r0 : BROWS;
+        for (long k = 0; k < KX; k++)
+            for (long r = 0; r < R; r++) put_x(xt + r0 * KX + k * R + r, x + (r0 + r) * K + XSTEP * k);
+    }
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (long p = 0; p < N / NB; p++) {
+        const unsigned short *w = wq + p * K * NB;
+        const float *b = bias ? bias + p * NB : 0;
+        for (long r0 = 0; r0 < M; r0 += BROWS) {
+            long R = M - r0 < BROWS ? M - r0 : BROWS;
+            KERNBS[R](xt + r0 * KX, K / 2, w, y + r0 * N + p * NB, N, b);
+        }
+    }
+    free(xt);
+    return 0;
+}
 #endif
 
 #if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)) || defined(__aarch64__)
