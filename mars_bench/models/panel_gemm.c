@@ -184,32 +184,13 @@ static const kernb_t KERNBS[RMAX + 1] = {0, kernb_1, kernb_2, kernb_3, kernb_4, 
 
 int panel_bf16_available(void) { return 1; }
 
-/* Returns 0, or -1 when the scratch for the bf16 rows cannot be allocated. */
-int panel_linear_bf16(const float *x, long M, long K, const unsigned short *wq, long N, const float *bias,
-                      float *y, int threads) {
-    long K2 = K / 2;
-    unsigned int *xt = malloc(sizeof(unsigned int) * M * K2);
-    if (!xt) return -1;
-    for (long r0 = 0; r0 < M; r0 += RMAX) {
-        long R = M - r0 < RMAX ? M - r0 : RMAX;
-        for (long k = 0; k < K2; k++)
-            for (long r = 0; r < R; r++) {
-                const float *xr = x + (r0 + r) * K + 2 * k;
-                xt[r0 * K2 + k * R + r] = (unsigned int)to_bf16(xr[0]) | ((unsigned int)to_bf16(xr[1]) << 16);
-            }
-    }
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (long p = 0; p < N / NB; p++) {
-        const unsigned short *w = wq + p * K * NB;
-        const float *b = bias ? bias + p * NB : 0;
-        for (long r0 = 0; r0 < M; r0 += RMAX) {
-            long R = M - r0 < RMAX ? M - r0 : RMAX;
-            KERNBS[R](xt + r0 * K2, K2, w, y + r0 * N + p * NB, N, b);
-        }
-    }
-    free(xt);
-    return 0;
+typedef unsigned int xelem_t;                   /* one k-pair of bf16(x) */
+#define XSTEP 2                                 /* k per xelem_t */
+static inline void put_x(xelem_t *xt, const float *xr) {
+    *xt = (unsigned int)to_bf16(xr[0]) | ((unsigned int)to_bf16(xr[1]) << 16);
 }
+#define BROWS RMAX                              /* rows per chunk of the bf16 driver (below) */
+#define BF16_DRIVER
 
 /* The same product on AMX tiles (Sapphire Rapids and later), same packed panels: per panel and 32-wide k
  * block, A = 16 rows of bf16(x), B0/B1 = the panel's two 16-column halves (16 k-pairs x 16 columns x 2,
@@ -292,7 +273,8 @@ int panel_amx_init(void) { return 0; }
 #endif
 
 #ifdef BF16_DRIVER
-/* The driver of the AVX2 and NEON bf16 kernels (their headers define xelem_t, XSTEP, put_x, BROWS, KERNBS): x
+/* The driver of every bf16 kernel but AMX (AVX512_BF16 above; AVX2 and NEON: their headers define xelem_t, XSTEP,
+ * put_x, BROWS, KERNBS): x
  * transposed once into chunks of at most BROWS rows, k-major (x elements of XSTEP k each), then every panel
  * streamed once per chunk by one thread. Returns 0, or -1 when the scratch cannot be allocated. */
 int panel_linear_bf16(const float *x, long M, long K, const unsigned short *wq, long N, const float *bias,
