@@ -73,13 +73,14 @@ shard: $(STAMP)
 figures: $(STAMP)
 	$(BIN)/mars-bench-report results
 
-# Speed of every decoding path on the embedded pair -> results/bench/: our methods through the runner
-# (+compare=bench, +compare=bench_batch per task and batch size; runs in results/bench_runs/, cleared each
-# time), the reference rows (transformers, llama.cpp) interleaved with our ar, forward costs and peak RSS;
-# then the draft's part (scripts/bench_draft.py): draft vs target cost per draft setting, the k sweep, sd and
-# mars at the task budgets, beside llama.cpp speculative, prompt lookup -> results/bench/draft.md.
+# Speed of our decoding paths on the embedded pair -> results/bench/: every row is the runner's (+compare=bench,
+# +compare=bench_batch per task and batch size, methods interleaved; runs in results/bench_runs/, cleared each
+# time), with forward costs (llama.cpp's too, where it runs) and each runner process's peak RSS; then the
+# draft's part (scripts/bench_draft.py): draft vs target cost per draft setting, the k sweep, sd and mars at
+# the task budgets, prompt lookup -> results/bench/draft.md. The scripts only arrange runs and print
+# (shared code: mars_bench/bench.py). Any script: --model tiny for a smoke run on the tiny pair.
 # Shorter: make bench BENCH_ARGS="--limit 1 --max-new-tokens 24" BATCH_ARGS="--limit 2 --batch-sizes 1,2" \
-#   DRAFT_ARGS="--sweep-limit 1 --limit 1 --max-new-tokens 32 --lookup-limit 1 --llama-limit 1"
+#   DRAFT_ARGS="--sweep-limit 1 --limit 1 --max-new-tokens 32 --lookup-limit 1"
 BENCH_ARGS ?=
 BATCH_ARGS ?=
 DRAFT_ARGS ?=

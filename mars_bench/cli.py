@@ -28,7 +28,7 @@ def bad_input_errors() -> tuple:
 
 def run_or_exit(cfg):
     """``runner.run``; bad input and storage errors end the process with one line, bugs propagate."""
-    from .records import StorageError
+    from .locking import StorageError
     from .runner import run
 
     try:

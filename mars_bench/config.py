@@ -15,8 +15,7 @@ from .errors import ConfigError  # noqa: F401 (raised here; defined low so model
 from .models.schemes import DRAFT_QUANT_SCHEME
 from .stats import StatsSettings
 from .decode.tree.build import TreeSpec
-from .decode.types import (BUDGET_RULES, CHAIN, DEFAULT_K, DRAFT_MODEL, METHOD_NAMES, OPTIONS, TREE, DecodeConfig, Method,
-                           resolve)
+from .decode.types import BUDGET_RULES, DEFAULT_K, DecodeConfig, Method, method_names, resolve, scheme_of
 from .system_prompts import SYSTEM_PROMPTS
 
 SOURCES = ("tiny", "embedded", "hf")
@@ -203,7 +202,7 @@ def validate(cfg: Any) -> None:
     """Check every user-facing value; raise ConfigError naming the first bad one."""
     _known_keys(cfg)
     m = cfg.method
-    _one_of("method.name", m.name, METHOD_NAMES)
+    _one_of("method.name", m.name, method_names())
     method = method_of(cfg)          # scheme, rule and its settings (ValueError -> ConfigError inside)
     _int_at_least("method.k", m.k, 1)
     p_min = _number("method.p_min", m.p_min)
@@ -211,16 +210,17 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"method.p_min={m.p_min!r}; allowed: a number in [0, 1) (0 = fixed k)")
     if method.speculative:
         try:
-            RULES[method.rule].check_mode("chain" if method.name in CHAIN else "tree", _number("temperature", cfg.temperature))
+            RULES[method.rule].check_mode(method.scheme.shape, _number("temperature", cfg.temperature))
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    if method.name in TREE:
+    if method.scheme.tree:
         try:
             TreeSpec(**tree_knobs(m))
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    if method.name == "eagle3" and not cfg.model.eagle3:
-        raise ConfigError(f"method.name={m.name} needs model.eagle3 (an EAGLE-3 head: Hub id or local dir)")
+    head = method.scheme.head
+    if head is not None and not cfg.model[head.key]:
+        raise ConfigError(f"method.name={m.name} needs model.{head.key} ({head.what})")
     _one_of("model.source", cfg.model.source, SOURCES)
     _one_of("model.device", cfg.model.device, DEVICES)
     _one_of("model.dtype", cfg.model.dtype, ("fp32", "bf16", "fp16"))
@@ -232,7 +232,7 @@ def validate(cfg: Any) -> None:
     if cfg.model.draft_quant != "none" and cfg.model.device == "cuda":
         raise ConfigError(f"model.draft_quant={cfg.model.draft_quant!r} runs on CPU only; allowed with "
                           "model.device=cuda: none")
-    if method.name in DRAFT_MODEL and cfg.model.source != "tiny" and not cfg.model.draft:
+    if method.scheme.draft_lm and cfg.model.source != "tiny" and not cfg.model.draft:
         raise ConfigError(f"method.name={m.name!r} needs model.draft; this model config has none")
     for name in ("max_new_tokens", "limit"):
         if cfg[name] is not None:
@@ -248,7 +248,7 @@ def validate(cfg: Any) -> None:
     validate_protocol(cfg)
     _int_at_least("batch_size", cfg.get("batch_size", 1), 1)
     validate_study(cfg)
-    if method.name == "lookup":
+    if {"max_ngram", "min_ngram"} <= set(method.options):   # prompt lookup's n-gram range
         _int_at_least("method.min_ngram", m.min_ngram, 1)
         _int_at_least("method.max_ngram", m.max_ngram, int(m.min_ngram))
     try:
@@ -304,9 +304,9 @@ def rule_settings(cfg: Any, rule_name: str) -> dict:
 
 
 def draft_quant_of(cfg: Any) -> Optional[str]:
-    """The draft quantization that runs, for methods with a separate draft model; None for the others.
+    """The draft quantization that runs, for methods that draft with the pair's draft model; None for the others.
     q4 / q8 where their kernel cannot run (no AVX512-VNNI, no compiler) run int8, and say so here."""
-    if method_of(cfg).name not in DRAFT_MODEL:
+    if not method_of(cfg).scheme.draft_lm:
         return None
     from .models.quant import runs_as
 
@@ -328,10 +328,11 @@ def method_of(cfg: Any) -> Method:
         scheme, rule = resolve(m.name, cfg.rule.name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    settings = rule_settings(cfg, rule) if scheme != "ar" else {}
-    options = {name: m[name] for name in OPTIONS.get(scheme, ())}
+    declared = scheme_of(scheme)
+    settings = rule_settings(cfg, rule) if declared.speculative else {}
+    options = {name: m[name] for name in declared.options}
     return Method(name=scheme, k=int(m.k), rule=rule, rule_kwargs=settings, p_min=float(m.p_min),
-                  tree=tree_knobs(m) if scheme in TREE else {}, options=options)
+                  tree=tree_knobs(m) if declared.tree else {}, options=options)
 
 
 def validate_protocol(cfg: Any) -> None:

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from .decode.types import DecodeResult
+from .decode.types import DecodeStats
 from .records import SampleRecord, TurnRecord
-
-# DecodeResult fields a TurnRecord holds as they are, under the same name; the others are derived below
-_AS_IS = tuple(f.name for f in fields(DecodeResult)
-               if f.name in {t.name for t in fields(TurnRecord)} and f.name not in ("z1", "z2", "depth_proposed"))
 
 
 def sample_seed(seed: int, index: int, turn: int) -> int:
@@ -19,13 +15,12 @@ def sample_seed(seed: int, index: int, turn: int) -> int:
     return seed * 1_000_003 + index + 100_003 * turn
 
 
-def job_fields(tag, task, method, model_name: str, draft_quant: str | None, interleaved: bool,
-               phase: str | None) -> dict:
-    """The ``SampleRecord`` fields every record of a job shares: its spec (``tag``), task, decoding ``method``
-    (k as the method holds it: ar's too), the model's name, the draft's quantization as it runs
-    (``config.draft_quant_of``), how it was timed and its study phase."""
+def job_fields(tag, task, model_name: str, draft_quant: str | None, interleaved: bool, phase: str | None) -> dict:
+    """The ``SampleRecord`` fields every record of a job shares: its spec (``tag``: method, scheme, rule, k and
+    p_min as the run's spec holds them, so k is None for ar and trees), task, the model's name, the draft's
+    quantization as it runs (``config.draft_quant_of``), how it was timed and its study phase."""
     return dict(task=task.name, task_version=task.version, model=model_name, method=tag.head, scheme=tag.scheme,
-                rule=tag.rule, rule_settings=tag.settings, k=method.k, p_min=method.p_min, draft_quant=draft_quant,
+                rule=tag.rule, rule_settings=tag.settings, k=tag.k, p_min=tag.p_min, draft_quant=draft_quant,
                 theta=tag.settings.get("theta"), temperature=tag.temperature, seed=tag.seed,
                 timing="interleaved" if interleaved else "sequential", phase=phase, batch_size=tag.batch_size)
 
@@ -36,11 +31,11 @@ def turn_record(res, prompt_ids, text, tokenizer=None, batched: bool = False) ->
     count the authors' speed script takes ar's tokens from (minus 1); None without a tokenizer. ``batched``
     (batch size > 1): the row's ``span_s`` (admission to finish) is recorded too."""
     retok = len(tokenizer(text.strip()).input_ids) if tokenizer is not None else None
+    stats = {f.name: getattr(res, f.name) for f in fields(DecodeStats)}
     return TurnRecord(
-        **{name: getattr(res, name) for name in _AS_IS}, prompt_tokens=len(prompt_ids), new_tokens=len(res.tokens),
-        n_retokenized=retok, tau=res.tau, z1=[round(x, 4) for x in res.z1], z2=[round(x, 4) for x in res.z2],
-        output_ids=res.tokens, output_text=text, depth_proposed=res.depth_proposed or None,
-        span_s=res.span_s if batched else None).to_dict()
+        **{**stats, "z1": [round(x, 4) for x in res.z1], "z2": [round(x, 4) for x in res.z2]},
+        prompt_tokens=len(prompt_ids), new_tokens=len(res.tokens), n_retokenized=retok, tau=res.tau,
+        output_ids=res.tokens, output_text=text, span_s=res.span_s if batched else None).to_dict()
 
 
 def sample_record(job, sample, index, turns, score, fast_kernel: str, order: int,

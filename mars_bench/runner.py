@@ -25,8 +25,10 @@ from omegaconf import OmegaConf
 
 from . import config as C
 from .engines import validate as validate_engine
+from .provenance import machine, machine_label
 from .recordbuild import job_fields, sample_record, sample_seed, turn_record
-from .records import SampleWriter, atomic_write_text, machine, machine_label
+from .sample_writer import SampleWriter
+from .storage import atomic_write_text
 from .summary import summarize_run
 from .system_prompts import system_prompt_text
 from .tags import RunSpec, write_spec
@@ -78,8 +80,7 @@ class Job:
         self.run_dir = self.task_dir / self.tag.dir_name
         self._check_owner()
         self.method = C.method_of(cfg)
-        self.fields = job_fields(self.tag, self.task, self.method, cfg.model.name, C.draft_quant_of(cfg), interleaved,
-                                 phase)
+        self.fields = job_fields(self.tag, self.task, cfg.model.name, C.draft_quant_of(cfg), interleaved, phase)
         self.writer = SampleWriter(self.run_dir / "samples.jsonl", on_start=self.write_spec)
         self.todo = {s.id for s in self.samples if s.id not in self.writer.done}
         sweep = C.RULES[self.tag.rule].sweep if self.method.speculative else None
@@ -117,7 +118,7 @@ class Job:
         ref = self.tag.lossless_reference()
         ar_dir = self.task_dir / self.tag.baseline().dir_name if self.tag.scheme != "ar" else None
         return summarize_run(self.run_dir, self.task, self.samples, self.cfg, self.data_dir, ar_dir=ar_dir,
-                             sd_dir=self.task_dir / ref.dir_name if ref else None)
+                             sd_dir=self.task_dir / ref.dir_name if ref else None, spec=self.tag)
 
 
 def run(cfg) -> dict | list[dict]:
@@ -255,7 +256,7 @@ def _check_identity(jobs: list, summaries: list, row_invariant: bool | None = No
                 raise StudyError(f"{job.label}: {problem}; greedy {job.tag.head} must reproduce ar's tokens "
                                  f"(records kept in {job.run_dir})")
             if not row_invariant:
-                from .records import atomic_write_json, read_samples
+                from .storage import atomic_write_json, read_samples
 
                 recs, _ = read_samples(job.run_dir / "samples.jsonl")
                 report = identity_report(per_sample, {r["id"]: r for r in recs}, len(job.samples))
@@ -436,7 +437,7 @@ def _write(job: Job, sample, record: dict, logger) -> None:
 
 
 class Models:
-    """The model pair (and EAGLE-3 head), loaded once for every method of a run."""
+    """The model pair (and the drafting heads the methods' schemes declare), loaded once for every method of a run."""
 
     def __new__(cls, cfg, methods):   # engine=vllm: vLLM decodes the samples (engines/vllm.py), same records
         if (cfg.get("engine") or {}).get("name", "native") == "vllm":
@@ -449,12 +450,10 @@ class Models:
         from .models import fastpath
         from .models.pairs import eos_ids, load_pair
 
-        self.pair = load_pair(cfg.model, need_draft=any(m.name in C.DRAFT_MODEL for m in methods))
-        self.eagle3 = None
-        if any(m.name == "eagle3" for m in methods):
-            from .decode.drafters.eagle3 import load_eagle3_drafter
-
-            self.eagle3 = load_eagle3_drafter(cfg.model.eagle3, self.pair.target)
+        self.pair = load_pair(cfg.model, need_draft=any(m.scheme.draft_lm for m in methods))
+        heads = {m.scheme.head.key: m.scheme.head for m in methods if m.scheme.head is not None}
+        # model.<key> -> the loaded head (decode.drafting.Head), each loaded once
+        self.heads = {key: head.load(cfg.model[key], self.pair.target) for key, head in heads.items()}
         self.kernel = fastpath.kind(self.pair.target.model)   # recorded: which linear kernel the target ran on
         self.machine = machine(str(cfg.model.device))         # recorded: CPU, instruction sets, threads (GPU)
         log.info("machine: %s | kernel %s", machine_label(self.machine), self.kernel)
@@ -477,6 +476,7 @@ class Models:
         from .tasks import build_messages
 
         task, tok, bsz, seed = job.task, self.pair.tokenizer, job.tag.batch_size, job.tag.seed
+        scheme = job.method.scheme          # what it drafts with (decode.drafting)
         dcfg = C.decode_config(job.cfg, job.max_new, self.eos, task.stop_strings)
         state = {}      # sample id -> (outputs, turn records)
 
@@ -502,18 +502,18 @@ class Models:
         turns = max(len(s.turns) for _, s in todo)
         try:   # a conservative bound: later turns hold earlier prompts and outputs
             step = _tokens_per_step(job.method)
-            check_memory([self.pair.target, self.pair.draft if job.method.name in C.DRAFT_MODEL else None], bsz,
+            check_memory([self.pair.target, self.pair.draft if scheme.draft_lm else None], bsz,
                          turns * (longest + job.max_new + step), step)
         except ValueError as e:
             raise C.ConfigError(str(e)) from None
         queue = (request(s, i, 0) for i, s in (todo if source is None else source))
-        draft = self.eagle3 if job.method.name == "eagle3" else self.pair.draft
+        draft = self.heads[scheme.head.key] if scheme.head is not None else self.pair.draft
         generate_batch(self.pair.target, draft, tok, queue, job.method, dcfg, bsz, on_done)
 
 
 def _tokens_per_step(method) -> int:
     """Most tokens one target forward scores per row: k + 1 (chains), the tree's size (trees)."""
-    if method.name in C.TREE:
+    if method.scheme.tree:
         t = method.tree
         return len(t["static_paths"]) + 1 if t.get("static_paths") else int(t["total_tokens"])
     return method.k + 1

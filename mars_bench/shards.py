@@ -14,7 +14,7 @@ interrupted: an interrupted shard ends with exactly the samples of an uninterrup
 exists is done and is skipped. The report reads any set of packs and names the shards missing from it
 (``missing``).
 
-A tree with uncommitted changes records its commit as ``<sha>+dirty`` (``records.git_commit``); ``run`` and
+A tree with uncommitted changes records its commit as ``<sha>+dirty`` (``provenance.git_commit``); ``run`` and
 ``check-clean`` refuse such a tree unless ``--allow-dirty`` (``ALLOW_DIRTY=1`` in the Makefile).
 
 Sizes: ``Shard.est_min`` is the minutes each shard is expected to take on the 2-core Intel Xeon with AMX that
@@ -71,7 +71,7 @@ class DirtyTree(RuntimeError):
 
 def check_clean(allow_dirty: bool) -> str:
     """The commit the records will carry; DirtyTree when it is '+dirty' and ``allow_dirty`` is false."""
-    from .records import git_commit
+    from .provenance import git_commit
 
     commit = git_commit()
     if commit.endswith("+dirty") and not allow_dirty:

@@ -1,7 +1,7 @@
 """``summary.json`` for one run: totals, quality (the task's metrics), fidelity and speedup vs ``ar``, and
 their uncertainty (``stats``: CIs, paired tests vs ``ar`` and ``sd`` with their non-inferiority verdicts,
 MDEs; computed by ``mars_bench.stats``), the authors' tau and speedup beside ours (``tau_authors``,
-``speedup_authors``, definitions in ``mars_bench.records``) and the share of samples per stop reason
+``speedup_authors``, definitions in ``mars_bench.metrics``) and the share of samples per stop reason
 (``stop_reasons``). Which metric gets which paired test is the task's registration (``task.metrics``),
 stored as ``metric_specs`` so that the report reads it from the results."""
 from __future__ import annotations
@@ -13,10 +13,12 @@ from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
+from . import metrics as M
 from . import records as R
 from . import stats as S
-from .config import draft_quant_of, method_of
-from .decode.rules import RULES
+from .config import draft_quant_of
+from .provenance import manifest
+from .storage import atomic_write_json
 from .tags import read_spec
 from .tasks.base import METRIC_TESTS
 
@@ -118,7 +120,7 @@ def quality_tests(recs: list, base_recs: list, metrics: dict[str, Paired],
     non-inferiority verdict. ``references``: id -> reference text, needed for BLEU / chrF (absent in
     results files). Records: SampleRecords or their dicts."""
     pairs = [(r.score or {}, b.score or {}, r.id)
-             for r, b in R.paired_records(R.as_records(recs), R.as_records(base_recs))]
+             for r, b in M.paired_records(R.as_records(recs), R.as_records(base_recs))]
     out = {}
     for m in metrics.values():
         if m.test in ("binary", "mean"):
@@ -162,7 +164,7 @@ def quality_cis(recs: list, metrics: dict[str, Paired], settings: S.StatsSetting
 
 def authors_speedup_ci(recs: list, ar_recs: list, settings: S.StatsSettings) -> dict:
     """The authors' speedup with its paired-bootstrap CI; the note says when ar's tokens were not re-tokenized."""
-    tok, wall, ar_tok, ar_wall, note = R.authors_speedup_columns(recs, ar_recs)
+    tok, wall, ar_tok, ar_wall, note = M.authors_speedup_columns(recs, ar_recs)
     est = S.speedup_authors_ci(tok, wall, ar_tok, ar_wall, settings)
     return {**est, "note": "; ".join(x for x in (est["note"], note) if x) or None}
 
@@ -183,7 +185,7 @@ def budget_free_speedup(recs: list, ar_recs: list, settings: S.StatsSettings | N
     ar's hit the token budget in any turn: the headline without runaway samples, whose repeated text drafts
     easily and inflates it. ``n_dropped``: the pairs left out."""
     settings = settings or S.StatsSettings()
-    pairs = R.speed_pairs(R.as_records(recs), R.as_records(ar_recs))
+    pairs = M.speed_pairs(R.as_records(recs), R.as_records(ar_recs))
     keep = [(r, b) for r, b in pairs if not hit_budget(r) and not hit_budget(b)]
     col = lambda i, k: [getattr(p[i], k) for p in keep]  # noqa: E731
     est = S.speedup_ci(col(0, "new_tokens"), col(0, "wall_s"), col(1, "new_tokens"), col(1, "wall_s"), settings)
@@ -205,13 +207,13 @@ def run_stats(recs: list, ar_recs: list | None = None, sd_recs: list | None = No
     col = lambda rs, k: [getattr(r, k) for r in rs]  # noqa: E731
     out = {"settings": settings.as_dict(),
            "tau": S.ratio_ci(col(recs, "new_tokens"), col(recs, "steps"), settings),
-           "tau_authors": S.ratio_ci(col(recs, "new_tokens"), [R.authors_idx(r) for r in recs], settings),
+           "tau_authors": S.ratio_ci(col(recs, "new_tokens"), [M.authors_idx(r) for r in recs], settings),
            "tokens_per_s": S.ratio_ci(col(recs, "new_tokens"), col(recs, "wall_s"), settings),
            "speedup": None, "speedup_authors": None, "fidelity": None, "quality": None, "quality_vs_ar": None,
            "quality_vs_sd": None}
     out["quality"] = quality_cis(recs, metrics, settings, references)
     if ar_recs is not None:
-        pairs, common = R.speed_pairs(recs, ar_recs), len(R.paired_records(recs, ar_recs))
+        pairs, common = M.speed_pairs(recs, ar_recs), len(M.paired_records(recs, ar_recs))
         both, base = [r for r, _ in pairs], [b for _, b in pairs]
         apart = (f"{common - len(pairs)} of {common} samples left out: decoded on another machine than ar's "
                  "(speed compares only within one machine)") if len(pairs) < common else None
@@ -237,7 +239,7 @@ def fidelity_vs_ar(recs: list, ar_recs: list) -> dict | None:
     from .tasks.fidelity import aggregate_fidelity, fidelity
 
     per = {}
-    for r, b in R.paired_records(R.as_records(recs), R.as_records(ar_recs)):
+    for r, b in M.paired_records(R.as_records(recs), R.as_records(ar_recs)):
         mine, base = r.turns, b.turns
         per[r.id] = fidelity([t for x in mine for t in x.output_ids], [t for x in base for t in x.output_ids],
                              "\n".join(x.output_text for x in mine), "\n".join(x.output_text for x in base))
@@ -256,43 +258,46 @@ def _directions(task) -> dict[str, str]:
 
 
 def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | None = None,
-                  sd_dir: Path | None = None, settings: S.StatsSettings | None = None) -> dict:
+                  sd_dir: Path | None = None, settings: S.StatsSettings | None = None, spec=None) -> dict:
     """Write and return summary.json. ``ar_dir`` / ``sd_dir``: the ar / sd runs of the same settings
-    (compared when their samples exist); ``settings``: None reads ``cfg.stats`` (else the defaults)."""
+    (compared when their samples exist); ``settings``: None reads ``cfg.stats`` (else the defaults); ``spec``: the
+    run's ``RunSpec`` (None: read from ``run_dir``), which the method, scheme, rule and k are read from."""
     run_dir = Path(run_dir)
     settings = settings or S.StatsSettings.from_cfg(cfg)
     recs, problems = R.read_records(run_dir / "samples.jsonl")
     by_id = {r.id: r for r in recs}
     ordered = [(s, by_id[s.id]) for s in samples if s.id in by_id]
-    method, tag = method_of(cfg), read_spec(run_dir)
+    tag = spec if spec is not None else read_spec(run_dir)
+    if tag is None:
+        raise ValueError(f"{run_dir}: no run.json and not a legacy run name; allowed: a run directory")
     registered = task_metrics(task)
     quality = task.aggregate([s for s, _ in ordered], [r.score for _, r in ordered],
                              [[t.output_text for t in r.turns] for _, r in ordered]) if ordered else {}
     summary = {
         "run_dir": str(run_dir), "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": cfg.model.name, "task": task.name, "task_version": task.version,
-        "method": tag.head if tag else method.name, "k": cfg.method.k,
+        "method": tag.head, "k": tag.k,
         "draft_quant": draft_quant_of(cfg),
         "fast_kernel": sorted({r.fast_kernel or "unrecorded" for _, r in ordered}),   # one, unless resumed elsewhere
-        "machines": R.machines([r for _, r in ordered]),   # CPU (or GPU), instruction sets, threads; likewise
-        "scheme": method.name, "rule": method.rule if method.speculative else None,
-        "rule_settings": method.rule_kwargs, "lossless": (not method.speculative) or (tag.lossless if tag else RULES[method.rule].lossless),
-        "theta": method.rule_kwargs.get("theta"),
+        "machines": M.machines([r for _, r in ordered]),   # CPU (or GPU), instruction sets, threads; likewise
+        "scheme": tag.scheme, "rule": tag.rule if tag.speculative else None,
+        "rule_settings": tag.settings, "lossless": not tag.speculative or tag.lossless,
+        "theta": tag.settings.get("theta"),
         "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
         "batch_size": int(cfg.get("batch_size", 1)),   # > 1: tokens/s is the run's throughput, not a latency
         "config": OmegaConf.to_container(cfg, resolve=True),
-        "manifest": R.manifest(), "data_sha256": task.data_sha256(data_dir),
-        "totals": R.totals([r for _, r in ordered]), "quality": quality,
+        "manifest": manifest(), "data_sha256": task.data_sha256(data_dir),
+        "totals": M.totals([r for _, r in ordered]), "quality": quality,
         "metric_directions": _directions(task), "problems": problems,
         "metric_specs": {name: m.as_dict() for name, m in registered.items()},
-        "definitions": {"tau": R.TAU_DEFINITION, "speedup": R.SPEEDUP_DEFINITION,
-                        "tau_authors": R.TAU_AUTHORS_DEFINITION, "speedup_authors": R.SPEEDUP_AUTHORS_DEFINITION},
+        "definitions": {"tau": M.TAU_DEFINITION, "speedup": M.SPEEDUP_DEFINITION,
+                        "tau_authors": M.TAU_AUTHORS_DEFINITION, "speedup_authors": M.SPEEDUP_AUTHORS_DEFINITION},
         "speedup": None, "fidelity": None, "stop_reasons": stop_reasons([r for _, r in ordered]),
     }
     mine, ar_recs, sd_recs = [r for _, r in ordered], None, None
     if ar_dir is not None and (Path(ar_dir) / "samples.jsonl").exists():
         ar_recs, _ = R.read_records(Path(ar_dir) / "samples.jsonl")
-        summary["speedup"] = R.speedup(mine, ar_recs)
+        summary["speedup"] = M.speedup(mine, ar_recs)
         summary["fidelity"] = fidelity_vs_ar(mine, ar_recs)
         summary["ar_run_dir"] = str(ar_dir)
     if sd_dir is not None and (Path(sd_dir) / "samples.jsonl").exists():
@@ -302,5 +307,5 @@ def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | No
                                  metrics={k: m for k, m in registered.items() if k in quality},
                                  references={s.id: s.reference for s, _ in ordered if isinstance(s.reference, str)},
                                  fidelity=summary["fidelity"])
-    R.atomic_write_json(run_dir / "summary.json", summary)
+    atomic_write_json(run_dir / "summary.json", summary)
     return summary

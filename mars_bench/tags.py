@@ -38,7 +38,8 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 from .decode.rules import RULES
-from .decode.types import CHAIN, PRESETS, SCHEMES, TREE
+from .decode.drafting import SCHEMES, scheme_of
+from .decode.types import PRESETS
 
 _HEAD = {(scheme, rule): name for name, (scheme, rule) in PRESETS.items()}
 _SPLIT = re.compile(r"-(?=[A-Za-z])")
@@ -63,7 +64,7 @@ def _fmt(x: float) -> str:
 class RunSpec:
     """Every setting that changes a run's outputs; names its directory (``dir_name``) and is stored there
     (run.json, ``to_dict``)."""
-    scheme: str                     # ar | sd | sd_tree | eagle3 | lookup
+    scheme: str                     # a name in decode.drafting.SCHEMES: ar | sd | lookup | sd_tree | eagle3
     rule: str                       # a name in RULES (exact for ar)
     temperature: float
     top_p: float
@@ -125,27 +126,26 @@ class RunSpec:
         from .models.identity import IdentityError, pair_identity
 
         m = C.method_of(cfg)
+        s = m.scheme                # what it drafts with and the shape of its drafts (decode.drafting)
         tree = None
-        if m.name in TREE:
+        if s.tree:
             paths = m.tree.get("static_paths")
             tree = (f"paths{hashlib.sha1(str([list(p) for p in paths]).encode()).hexdigest()[:8]}" if paths is not None
                     else f"d{m.tree['depth']}-w{m.tree['top_k']}-t{m.tree['total_tokens']}")
         quant = C.draft_quant_of(cfg)
-        uses_draft = m.speculative and m.name in ("sd", "sd_tree")
         engine = cfg.get("engine") or {}
         try:   # the weights the engine runs (vLLM's tiny pair has another shape)
-            model, draft_model = pair_identity(cfg.model, uses_draft=uses_draft,
-                                               uses_head=m.speculative and m.name == "eagle3",
+            model, draft_model = pair_identity(cfg.model, uses_draft=s.draft_lm, head=s.head.key if s.head else None,
                                                engine=engine.get("name", "native"))
         except IdentityError as e:
             raise C.ConfigError(str(e)) from None
         return cls(scheme=m.name, rule=m.rule if m.speculative else "exact", temperature=float(cfg.temperature),
                    top_p=float(cfg.top_p), max_new_tokens=int(max_new), seed=int(cfg.seed),
-                   k=m.k if m.name in CHAIN and m.speculative else None, tree=tree,
-                   sample_children=m.name in TREE and m.tree.get("children") == "sample" and cfg.temperature > 0,
-                   topk_q=m.tree.get("topk_q", "onehot") if m.name in TREE and cfg.temperature > 0 else "onehot",
+                   k=m.k if not s.tree and s.speculative else None, tree=tree,
+                   sample_children=s.tree and m.tree.get("children") == "sample" and cfg.temperature > 0,
+                   topk_q=m.tree.get("topk_q", "onehot") if s.tree and cfg.temperature > 0 else "onehot",
                    settings=dict(m.rule_kwargs) if m.speculative else {},
-                   p_min=m.p_min if m.name == "sd" else 0.0, draft_quant=None if quant in (None, "none") else quant,
+                   p_min=m.p_min if s.p_min else 0.0, draft_quant=None if quant in (None, "none") else quant,
                    draft_vocab=int(cfg.model.get("draft_vocab", 0) or 0) if quant is not None else 0,
                    batch_size=int(cfg.get("batch_size", 1) or 1), system_prompt=cfg.protocol.system_prompt,
                    budget=cfg.protocol.budget, enable_thinking=cfg.model.enable_thinking, task_prompts=task_prompts,
@@ -255,6 +255,11 @@ class RunSpec:
                        engine=self.engine, engine_version=self.engine_version)
 
     @property
+    def speculative(self) -> bool:
+        """Its scheme drafts (``decode.drafting``): every scheme but ar."""
+        return scheme_of(self.scheme).speculative
+
+    @property
     def lossless(self) -> bool:
         """A speculative run whose outputs follow the target's law: a lossless rule and, for sampled
         trees, top-k children verified as point masses (topk_q onehot)."""
@@ -283,15 +288,16 @@ class RunSpec:
         out = {"k": None, "tree": None, "sample_children": False, "topk_q": "onehot", "p_min": 0.0, "draft_quant": None,
                "batch_size": 1}
         body = parts[1:-4]
-        if body and scheme in CHAIN and scheme != "ar" and re.fullmatch(r"k\d+", body[0]):
+        s = scheme_of(scheme)
+        if body and not s.tree and s.speculative and re.fullmatch(r"k\d+", body[0]):
             out["k"] = int(body.pop(0)[1:])
-        if body and scheme in TREE and re.fullmatch(r"d\d+|paths[0-9a-f]{8}", body[0]):
+        if body and s.tree and re.fullmatch(r"d\d+|paths[0-9a-f]{8}", body[0]):
             out["tree"] = body.pop(0)
             while out["tree"].startswith("d") and body and re.fullmatch(r"[wt]\d+", body[0]):
                 out["tree"] += "-" + body.pop(0)
         if body and body[0] == "sample":
             out["sample_children"] = bool(body.pop(0))
-        if body and scheme in TREE and body[0] == "qdraft":
+        if body and s.tree and body[0] == "qdraft":
             out["topk_q"] = body.pop(0)[1:]
         out.update(_protocol_settings(body))
         if body and re.fullmatch(r"b\d+", body[-1]) and int(body[-1][1:]) > 1:
@@ -384,7 +390,7 @@ def read_spec(run_dir) -> "RunSpec | None":
 
 def write_spec(run_dir, spec: RunSpec) -> None:
     """Write ``run_dir/run.json`` (atomically) unless it is there; one that is there must hold ``spec``."""
-    from .records import atomic_write_json
+    from .storage import atomic_write_json
 
     path = Path(run_dir) / SPEC_FILE
     if path.is_file():
@@ -396,4 +402,4 @@ def write_spec(run_dir, spec: RunSpec) -> None:
     atomic_write_json(path, spec.to_dict())
 
 
-__all__ = ["RunSpec", "CHAIN", "TREE", "SPEC_FILE", "SPEC_VERSION", "read_spec", "write_spec"]
+__all__ = ["RunSpec", "SPEC_FILE", "SPEC_VERSION", "read_spec", "write_spec"]

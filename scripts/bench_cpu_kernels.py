@@ -20,15 +20,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import bench as B  # noqa: E402
-import bench_draft as BD  # noqa: E402
-
-from mars_bench.models import fastpath, panel, quant  # noqa: E402
-from mars_bench.models.pairs import load_draft  # noqa: E402
+from mars_bench import bench as B
+from mars_bench.models import fastpath, panel, quant
+from mars_bench.models.pairs import load_draft
 
 
 def prefill_ms(adapter, n: int = 100, reps: int = 2) -> float:
@@ -79,7 +73,7 @@ def layer_costs(layers: int, reps: int, rounds: int) -> dict:
                         best = min(best, time.perf_counter() - t0)
                     out[name][m] = min(out[name].get(m, float("inf")), best * 1e3)
     weights = sum(lin.weight.numel() * 2 for lin in lins)
-    stream = BD.stream_rate()
+    stream = B.stream_rate()
     return {"isa": panel.isa(), "layers": layers, "bf16_weight_bytes": weights, "stream_gb_per_s": stream,
             "ms": out, "ratio_to_m1": {k: {m: v[m] / v[1] for m in v} for k, v in out.items()},
             "m1_over_streaming_limit": {k: v[1] / (weights / stream / 1e6) for k, v in out.items()},
@@ -88,7 +82,7 @@ def layer_costs(layers: int, reps: int, rounds: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--drafts", default="q8,q4,int8", help="draft settings (bench_draft names), comma-separated")
+    ap.add_argument("--drafts", default="q8,q4,int8", help="draft settings (int8 | q8 | q4, +v<N>), comma-separated")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
@@ -99,15 +93,15 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     if args.layers:
         return emit(layer_costs(args.layers, args.reps, args.rounds), args.out)
-    pair, _ = B.load("bf16")
+    pair, _ = B.load(["model.dtype=bf16"])
     drafts = {}
     for d in args.drafts.split(","):
-        adapter, scheme = load_draft(BD.model_cfg(d), pair)
+        adapter, scheme = load_draft(B.model_cfg(["model.dtype=bf16", *B.draft_overrides(d)]), pair)
         drafts[f"{d} ({scheme}, {'fused' if adapter.fused is not None else 'modules'})"] = adapter
     target = B.forward_costs({"target": (pair.target, True)}, [1, 5, 8], reps=args.reps, rounds=args.rounds)["target"]
     drafted = B.forward_costs({d: (a, True) for d, a in drafts.items()}, [1], reps=args.reps, rounds=args.rounds)
-    weights = BD.weight_bytes(pair.target.model)
-    stream = BD.stream_rate()
+    weights = B.weight_bytes(pair.target.model)
+    stream = B.stream_rate()
     out = {"isa": panel.isa(), "kernel": fastpath.kind(pair.target.model), "quant_kernel": quant.kind(),
            "target_ms": target, "verify5_ratio": target[5] / target[1], "verify8_ratio": target[8] / target[1],
            "target_weight_bytes": weights, "stream_gb_per_s": stream,

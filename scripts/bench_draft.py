@@ -9,12 +9,11 @@ what that buys in speed.
    k of ``--ks``, every draft setting, short outputs; the fastest k per draft and method is kept.
 3. Speed at the task budgets (runner): ar, sd and mars at their swept k, for the int8 draft (before) and the
    fastest other setting, GSM8K and HumanEval; speedup vs ar with its paired bootstrap CI (summary.json).
-4. llama.cpp's own speculative decoding of the same GGUF pair beside our mars with the fastest draft, decoded
-   interleaved prompt by prompt here (``bench.measure``), on the GSM8K prompts.
-5. Prompt lookup (no draft model) against ar and sd on CNN/DM, HumanEval and WMT19 (runner).
+4. Prompt lookup (no draft model) against ar and sd on CNN/DM, HumanEval and WMT19 (runner).
 
-Goals (issue 23) are checked from these numbers; a missed one names the cost that limits it.
-Writes results/bench/draft.{md,json}.
+Every decoded row is the runner's (``mars_bench.bench``): the methods interleaved sample by sample, order
+rotated, speedups and CIs from summary.json. ``--model tiny``: the tiny random pair (a smoke run of this
+script). Writes results/bench/draft.{md,json}.
 """
 from __future__ import annotations
 
@@ -28,59 +27,18 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import bench as B  # noqa: E402
-
-from mars_bench import stats as S  # noqa: E402
-from mars_bench.decode import DecodeConfig, Method, generate  # noqa: E402
-from mars_bench.models import fastpath, llamacpp, panel, quant  # noqa: E402
-from mars_bench.models.pairs import eos_ids, load_draft  # noqa: E402
-from mars_bench.records import SPEEDUP_DEFINITION, TAU_DEFINITION, machine, machine_label  # noqa: E402
+from mars_bench import bench as B
+from mars_bench.models import fastpath, panel, quant
+from mars_bench.models.pairs import load_draft
+from mars_bench.metrics import SPEEDUP_DEFINITION, TAU_DEFINITION
+from mars_bench.provenance import machine, machine_label
 
 BUDGET_TASKS = ("gsm8k", "humaneval")
 LOOKUP_TASKS = ("cnn_dm", "humaneval", "wmt19_zh_en")
-GOALS = {"draft_ratio": 0.10, "verify5": 1.15, "verify8": 1.25, "sd": 2.0, "mars": 2.5, "vs_llama": 1.5}
-KIND_GOALS = {"panel-avx2-bf16": {"draft_ratio": 0.15, "verify5": 1.3}}   # issue 36: the AVX2 kind's cost rows
-
-
-def goals(kernel: str) -> dict:
-    """The goals a run on target kernel ``kernel`` is checked against (the AVX2 kind has its own cost rows)."""
-    return {**GOALS, **KIND_GOALS.get(kernel, {})}
-
-
-def overrides(draft: str) -> list[str]:
-    """'q4+v32768' -> model.draft_quant=q4 model.draft_vocab=32768."""
-    quant_name, _, vocab = draft.partition("+v")
-    return [f"model.draft_quant={quant_name}", f"model.draft_vocab={int(vocab) if vocab else 0}"]
-
-
-def model_cfg(draft: str):
-    from hydra import compose, initialize_config_dir
-
-    from mars_bench import config as C
-
-    C.register()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides(draft)).model
 
 
 # ---- 1. costs ---------------------------------------------------------------------------------------------
 LINEARS = (quant.QuantLinear, fastpath.Int8Linear, fastpath.PackedLinear, panel.PanelLinear, torch.nn.Linear)
-
-
-def weight_bytes(model) -> int:
-    out = 0
-    for m in model.modules():
-        if isinstance(m, quant.QuantLinear):
-            out += m.panels.numel()
-        elif isinstance(m, fastpath.Int8Linear):
-            out += m.in_features * m.out_features
-        elif isinstance(m, LINEARS):
-            out += m.in_features * m.out_features * (2 if getattr(m, "bf16", False) else 4)
-    return out
 
 
 def linear_share(adapter, n: int = 1, ctx: int = 200, reps: int = 10) -> tuple[float, float]:
@@ -94,14 +52,15 @@ def linear_share(adapter, n: int = 1, ctx: int = 200, reps: int = 10) -> tuple[f
                                                                             - start[id(mod)])) for m in mods]
     adapter.reset()
     adapter.expect(n)
-    adapter.forward(list(range(1000, 1000 + ctx)), logits=False)
+    ids = lambda start, count: [(start + j) % adapter.vocab for j in range(count)]  # noqa: E731
+    adapter.forward(ids(1000, ctx), logits=False)
     walls, lins = [], []
     try:
         for i in range(reps):
             adapter.crop(ctx)
             spent[0] = 0.0
             t0 = time.perf_counter()
-            adapter.forward(list(range(2000 + i, 2000 + i + n)))
+            adapter.forward(ids(2000 + i, n))
             walls.append(time.perf_counter() - t0)
             lins.append(spent[0])
     finally:
@@ -110,28 +69,16 @@ def linear_share(adapter, n: int = 1, ctx: int = 200, reps: int = 10) -> tuple[f
     return sorted(walls)[reps // 2] * 1e3, sorted(lins)[reps // 2] * 1e3
 
 
-def stream_rate(gib: float = 1.0, reps: int = 3) -> float:
-    """GB/s this machine streams from DRAM into a sum over all threads (best of ``reps``): the weight-streaming
-    bound a forward's rate is read against."""
-    x = torch.ones(int(gib * 2**30) // 8, dtype=torch.int64)
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * 8 / best / 1e9
-
-
-def costs(drafts: list[str], reps: int, rounds: int) -> tuple[dict, dict]:
+def costs(model: list[str], drafts: list[str], reps: int, rounds: int) -> tuple[dict, dict]:
     """({path: {n: ms}}, {draft: facts}): target n = 1, 5, 8 and each draft at n = 1, alternating. A draft with
     fused forwards (models/fused.py) is measured as it runs and, as "<draft> (modules)", through transformers'
     modules with linear-layer hooks (the split inside / outside the linear layers)."""
-    pair, _ = B.load("bf16")
+    pair, _ = B.load(model)
     adapters, facts = {}, {}
     for d in drafts:
-        adapter, scheme = load_draft(model_cfg(d), pair)
+        adapter, scheme = load_draft(B.model_cfg([*model, *B.draft_overrides(d)]), pair)
         adapters[d] = adapter
-        facts[d] = {"scheme": scheme, "weight_bytes": weight_bytes(adapter.model),
+        facts[d] = {"scheme": scheme, "weight_bytes": B.weight_bytes(adapter.model),
                     "path": "fused" if adapter.fused is not None else "modules"}
         if adapter.fused is not None:
             plain = adapter.fork()
@@ -147,8 +94,8 @@ def costs(drafts: list[str], reps: int, rounds: int) -> tuple[dict, dict]:
         if f["path"] == "modules":
             wall, lin = linear_share(a)
             f.update(linear_ms=lin, outside_ms=wall - lin, linear_gb_per_s=f["weight_bytes"] / lin / 1e6)
-    facts["target"] = {"weight_bytes": weight_bytes(pair.target.model), "kernel": fastpath.kind(pair.target.model),
-                       "outside_ms": {}, "stream_gb_per_s": stream_rate()}
+    facts["target"] = {"weight_bytes": B.weight_bytes(pair.target.model), "kernel": fastpath.kind(pair.target.model),
+                       "outside_ms": {}, "stream_gb_per_s": B.stream_rate()}
     if facts["target"]["kernel"] == "panel-amx-bf16":   # the AVX512_BF16-only kind's kernel, run on this machine
         panel.set_bf16_kernel(pair.target.model, amx=False)
         try:
@@ -170,11 +117,14 @@ def entries(sd_k: list[int], mars_k: list[int], extra=()) -> str:
 
 
 def runner_rows(runs: Path, draft: str, tasks, interleave: str, extra=(), threads=None) -> pd.DataFrame:
+    """One runner invocation per task (``+compare=bench_draft`` with this draft setting and ``interleave``) into
+    runs/<draft>, read back as rows (``mars_bench.bench.runner_rows``: method and k are run.json's)."""
     out = runs / draft.replace("+", "_")
     for task in tasks:
-        B.run_compare("bench_draft", task, out, [*overrides(draft), interleave, "progress=false", *extra], threads)
-    rows = B.our_rows(out)
-    rows["draft"] = draft   # method and k: run.json's (``bench.our_rows``)
+        B.run_compare("bench_draft", task, out, [*B.draft_overrides(draft), interleave, "progress=false", *extra],
+                      threads)
+    rows = B.runner_rows(out)
+    rows["draft"] = draft
     return rows
 
 
@@ -185,118 +135,7 @@ def best_k(sweep: pd.DataFrame) -> pd.DataFrame:
     return tps.loc[tps.groupby(["draft", "method"])["tokens_per_s"].idxmax()].reset_index(drop=True)
 
 
-# ---- 4. llama.cpp beside our mars ---------------------------------------------------------------------------
-PROBE = """
-import sys
-from mars_bench.models import llamacpp
-r = llamacpp.LlamaCppRunner(sys.argv[1], sys.argv[2], k=2, threads=1)
-r.run(list(range(1000, 1010)), 2, (), speculative=True)
-"""
-
-
-def llama_probe() -> str | None:
-    """None when llama.cpp decodes two tokens speculatively in a fresh process, else why not (a build whose
-    kernels crash on this CPU kills only the probe)."""
-    import subprocess
-
-    why = llamacpp.unavailable() or next((f"{p} missing" for p in B.gguf_paths() if not p.exists()), None)
-    if why:
-        return why
-    proc = subprocess.run([sys.executable, "-c", PROBE, *map(str, B.gguf_paths())], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    if proc.returncode:
-        last = (proc.stderr.strip().splitlines() or [""])[-1][:120]
-        return f"llama.cpp failed a 2-token probe in a fresh process (exit {proc.returncode}{': ' + last if last else ''})"
-    return None
-
-
-def vs_llama(draft: str, k: int, llama_k: int, limit: int, max_new: int, data_dir, threads: int) -> dict:
-    pair, _ = B.load("bf16")
-    adapter, _ = load_draft(model_cfg(draft), pair)
-    eos = eos_ids(pair.target.model, pair.tokenizer)
-    cfg = DecodeConfig(max_new_tokens=max_new, eos_ids=tuple(eos))
-    target_gguf, draft_gguf = B.gguf_paths()
-    runner = llamacpp.LlamaCppRunner(str(target_gguf), str(draft_gguf), k=llama_k, threads=threads, eos_ids=eos)
-    method = Method("mars", k=k, rule="mars", rule_kwargs={"theta": 0.9})
-
-    def ours(ids):
-        pair.target.expect(k + 1)
-        adapter.expect(1)
-        r = generate(pair.target, adapter, pair.tokenizer, ids, method, cfg)
-        return {"tokens": r.tokens, "wall_s": r.wall_s, "steps": r.steps}
-
-    rows = {f"mars k={k} θ=0.9 ({draft} draft)": ours,
-            f"llama.cpp speculative k={llama_k}": B.llama(runner, cfg, True, llama_k)}
-    items = [p for p in B.prompts(pair.prompt_ids, limit, data_dir) if p[0] == "gsm8k"]
-    raw = B.measure(rows, items)
-    (a, ra), (b, rb) = raw.items()
-    up = S.speedup_ci([len(r["tokens"]) for r in ra], [r["wall_s"] for r in ra],
-                      [len(r["tokens"]) for r in rb], [r["wall_s"] for r in rb], S.StatsSettings())
-    tps = lambda rs: sum(len(r["tokens"]) for r in rs) / sum(r["wall_s"] for r in rs)  # noqa: E731
-    return {"ours": a, "llama": b, "ours_tps": tps(ra), "llama_tps": tps(rb), "ratio": up["value"],
-            "lo": up["lo"], "hi": up["hi"], "n": len(ra), "max_new_tokens": max_new}
-
-
-# ---- goals and output ---------------------------------------------------------------------------------------
-def bound(tau: float, k: int, target: dict, draft_ms: float) -> float | None:
-    """The speedup a chain of k drafts at this tau reaches when only forwards cost time: tau target tokens of
-    ar against one verification of k + 1 tokens (interpolated from n = 5 and 8) and k draft tokens."""
-    if not tau or not k:
-        return None
-    verify = target[5] + (target[8] - target[5]) * (min(max(k + 1, 5), 8) - 5) / 3 if k + 1 <= 8 else target[8]
-    return tau * target[1] / (verify + k * draft_ms)
-
-
-def check_goals(target: dict, facts: dict, budget: pd.DataFrame, llama: dict | None, kernel: str) -> list:
-    out, want = [], goals(kernel)
-    stream = facts.get("target", {}).get("stream_gb_per_s")
-    for d, f in facts.items():
-        if d == "target" or d.endswith(" (modules)"):
-            continue
-        floor = f"; {f['weight_bytes'] / 1e6:.0f} MB at the machine's {stream:.1f} GB/s alone take " \
-                f"{f['weight_bytes'] / stream / 1e6:.1f} ms" if stream else ""
-        if f.get("path") == "fused":
-            why = (f"one C call per layer: {f['ms']:.1f} ms streams the weights at {f['gb_per_s']:.1f} GB/s over the "
-                   f"whole forward{floor}")
-        else:
-            why = (f"{f['ms']:.1f} ms = {f['linear_ms']:.1f} in linears ({f['weight_bytes'] / 1e6:.0f} MB at "
-                   f"{f.get('linear_gb_per_s', f['gb_per_s']):.1f} GB/s) + {f['outside_ms']:.1f} outside them "
-                   f"(norms, attention, Python){floor}")
-        out.append((f"draft {d} forward(1) / target forward(1) <= {want['draft_ratio']}", f["ratio"],
-                    f["ratio"] <= want["draft_ratio"], why))
-    kind = "AVX512_BF16-only kind" if kernel == "panel-avx512-bf16" else f"{kernel}; the AVX512_BF16-only kind was not measured here"
-    outside = facts.get("target", {}).get("outside_ms", {})
-    here = {int(n): v for n, v in (facts.get("target", {}).get("avx512_bf16_here_ms") or {}).items()}
-    for n, key in ((5, "verify5"), (8, "verify8")):
-        r = target[n] / target[1]
-        grew = (f"; outside linears {outside[1]:.1f} -> {outside[n]:.1f} ms (row-wise attention over more rows, "
-                f"norms, Python)" if 1 in outside and n in outside else "")
-        other = (f"; its kernel (panel-avx512-bf16) on this machine: {here[n] / here[1]:.2f}"
-                 if here.get(1) and here.get(n) else "")
-        out.append((f"target forward({n}) / forward(1) <= {want[key]}", r, r <= want[key], kind + grew + other))
-    gsm = budget[(budget["task"] == "gsm8k")]
-    for d, g in gsm.groupby("draft", sort=False):
-        for method in ("sd", "mars"):
-            row = g[(g["method"] == method) & (g["theta"].fillna(0.9) != 1.0)]
-            if row.empty:
-                continue
-            r = row.iloc[0]
-            b = bound(r["tau"], r["k"], target, facts[d]["ms"])
-            why = (f"tau {r['tau']:.2f} at k={int(r['k'])}: the cost table predicts {b:.2f}x (tau x target(1) / "
-                   f"(verify(k + 1) + k drafts)); outside forwards {r['outside_forward_share'] * 100:.0f}% of wall"
-                   if b else "")
-            out.append((f"GSM8K {method} ({d} draft) >= {want[method]}x ar [CI {r['vs_ar_lo']:.2f}, {r['vs_ar_hi']:.2f}],"
-                        f" n={r['n']}", r["vs_ar"], r["vs_ar"] >= want[method], why))
-    for _, r in budget[(budget["method"] != "ar") & ((budget["method"] == "sd") | (budget["theta"] == 1.0))].iterrows():
-        out.append((f"{r['task']} {r['row']} ({r['draft']} draft): tokens identical to ar, of {r['n']}",
-                    r["identical_to_ar"], r["identical_to_ar"] == r["n"], ""))
-    if llama:
-        out.append((f"{llama['ours']} >= {want['vs_llama']}x {llama['llama']} [CI {llama['lo']:.2f}, {llama['hi']:.2f}],"
-                    f" n={llama['n']}", llama["ratio"], llama["ratio"] >= want["vs_llama"],
-                    f"{llama['ours_tps']:.2f} vs {llama['llama_tps']:.2f} tokens/s"))
-    return out
-
-
+# ---- output ---------------------------------------------------------------------------------------------------
 def rows_md(df: pd.DataFrame) -> str:
     f = lambda x, p=2: "-" if x is None or pd.isna(x) else f"{x:.{p}f}"  # noqa: E731
     shown = pd.DataFrame({
@@ -307,11 +146,11 @@ def rows_md(df: pd.DataFrame) -> str:
     return shown.to_markdown(index=False, disable_numparse=True)
 
 
-def write(out: Path, meta: dict, target: dict, facts: dict, sweep, chosen, budget, llama, lookup, goals) -> str:
+def write(out: Path, meta: dict, target: dict, facts: dict, sweep, chosen, budget, lookup) -> str:
     f = lambda x, p=2: "-" if x is None or pd.isna(x) else f"{x:.{p}f}"  # noqa: E731
     here = {int(n): v for n, v in (facts["target"].get("avx512_bf16_here_ms") or {}).items()}
     md = lambda rows, cols: pd.DataFrame(rows, columns=cols).to_markdown(index=False, disable_numparse=True)  # noqa: E731
-    lines = [f"# Draft cost and speed, embedded pair (bf16 target), greedy", "",
+    lines = [f"# Draft cost and speed, {meta.get('pair', 'embedded pair (bf16 target)')}, greedy", "",
              f"Machine: {meta['machine']}. Target kernel: {facts['target']['kernel']}. {TAU_DEFINITION}. "
              f"vs ar: {SPEEDUP_DEFINITION}; 95% CI: paired bootstrap over prompts.", "",
              "Target forward of n new tokens after 200 tokens of context, ms (ratio to n = 1):", "",
@@ -342,28 +181,19 @@ def write(out: Path, meta: dict, target: dict, facts: dict, sweep, chosen, budge
                          ["draft", "method", "chosen k", "mean tokens/s"])]
     if budget is not None:
         lines += ["", f"At the task budgets ({meta['budget']}):", "", rows_md(budget)]
-    if llama:
-        lines += ["", f"Beside llama.cpp's speculative decoding of the same GGUF pair (Q4_K_M), GSM8K, interleaved "
-                  f"prompt by prompt, max_new_tokens={llama['max_new_tokens']}: {llama['ours']} "
-                  f"{llama['ours_tps']:.2f} tokens/s, {llama['llama']} {llama['llama_tps']:.2f} tokens/s, ratio "
-                  f"{llama['ratio']:.2f} [{llama['lo']:.2f}, {llama['hi']:.2f}], n = {llama['n']}."]
-    elif meta.get("llama_skipped"):
-        lines += ["", f"llama.cpp row skipped: {meta['llama_skipped']}."]
     if lookup is not None:
         lines += ["", f"Prompt lookup (no draft model) ({meta['lookup']}):", "", rows_md(lookup)]
-    lines += ["", "Goals (issue 23), from this run:", "",
-              md([(g, f(v), "yes" if ok else "no", why) for g, v, ok, why in goals], ["goal", "measured", "met", "limited by"])]
     out.mkdir(parents=True, exist_ok=True)
     (out / "draft.md").write_text(text := "\n".join(lines) + "\n")
     js = lambda df: None if df is None else json.loads(df.to_json(orient="records"))  # noqa: E731
     (out / "draft.json").write_text(json.dumps({"meta": meta, "target_ms": target, "drafts": facts, "sweep": js(sweep),
-                                                "chosen_k": js(chosen), "budget": js(budget), "vs_llama": llama,
-                                                "lookup": js(lookup), "goals": goals}, indent=2, default=str))
+                                                "chosen_k": js(chosen), "budget": js(budget),
+                                                "lookup": js(lookup)}, indent=2, default=str))
     return text
 
 
 def render(path: Path, out: Path) -> str:
-    """draft.md again from a saved draft.json (no decoding): the tables and goals of that run."""
+    """draft.md again from a saved draft.json (no decoding): the tables of that run."""
     data = json.loads(Path(path).read_text())
     df = lambda rows: None if rows is None else pd.DataFrame(rows)  # noqa: E731
     target = {int(n): v for n, v in data["target_ms"].items()}
@@ -373,12 +203,10 @@ def render(path: Path, out: Path) -> str:
     for frame in (budget, sweep, lookup, chosen):
         if frame is not None and "k" in frame:
             frame["k"] = frame["k"].astype("Int64")
-    goals = check_goals(target, facts, budget if budget is not None else pd.DataFrame(columns=["task", "draft"]),
-                        data["vs_llama"], facts["target"]["kernel"])
-    return write(out, data["meta"], target, facts, sweep, chosen, budget, data["vs_llama"], lookup, goals)
+    return write(out, data["meta"], target, facts, sweep, chosen, budget, lookup)
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafts", default="int8,q8,q4,q4+v32768", help="draft settings: int8 | q8 | q4 | none, +v<N>")
     ap.add_argument("--ks", default="4,6,8,10", help="k of the sweep")
@@ -390,25 +218,24 @@ def main():
     ap.add_argument("--before-tasks", default="gsm8k", help="tasks of the int8 draft's rows at the budgets")
     ap.add_argument("--lookup-limit", type=int, default=3, help="prompts per task of the lookup rows (0: skip)")
     ap.add_argument("--lookup-tokens", type=int, default=128)
-    ap.add_argument("--llama-limit", type=int, default=4, help="GSM8K prompts beside llama.cpp (0: skip)")
-    ap.add_argument("--llama-k", type=int, default=6)
+    ap.add_argument("--model", default=None, help="a conf/model entry instead of the embedded default (e.g. tiny)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "results" / "bench"))
-    ap.add_argument("--runs", default=str(ROOT / "results" / "bench_runs" / "draft"))
+    ap.add_argument("--out", default="results/bench")
+    ap.add_argument("--runs", default="results/bench_runs/draft", help="where the runner writes (cleared first)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--render", default=None, help="only rewrite draft.md (into --out) from this saved draft.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.render:
         print(render(Path(args.render), Path(args.out)))
         return
     torch.set_num_threads(args.threads)
-    data_dir = os.environ.get("MARS_BENCH_DATA_DIR")
     drafts = args.drafts.split(",")
-    meta = {"machine": machine_label(machine()), "drafts": drafts, "threads": args.threads, "torch": torch.__version__}
+    model = [f"model={args.model}"] if args.model else []
+    meta = {"machine": machine_label(machine()), "drafts": drafts, "threads": args.threads, "torch": torch.__version__,
+            **({"pair": f"{args.model} pair"} if args.model else {})}
     print("draft and target forward costs...", file=sys.stderr, flush=True)
-    target, facts = costs(drafts, args.reps, args.rounds)
-    kernel = facts["target"]["kernel"]
+    target, facts = costs(model, drafts, args.reps, args.rounds)
     runs = B.fresh_runs_dir(Path(args.runs))
     sweep = chosen = None
     ks = [int(k) for k in args.ks.split(",")]
@@ -416,7 +243,7 @@ def main():
         meta["sweep"] = (f"{args.sweep_limit} prompt{'s' if args.sweep_limit > 1 else ''} per task of "
                          f"{', '.join(BUDGET_TASKS)}, {args.sweep_tokens} new tokens")
         sweep = pd.concat([runner_rows(runs / "sweep", d, BUDGET_TASKS, entries(ks, ks), [
-            f"limit={args.sweep_limit}", f"max_new_tokens={args.sweep_tokens}"], args.threads) for d in drafts],
+            *model, f"limit={args.sweep_limit}", f"max_new_tokens={args.sweep_tokens}"], args.threads) for d in drafts],
             ignore_index=True)
         chosen = best_k(sweep)
     k_of = lambda d, m: args.k if chosen is None else int(chosen[(chosen["draft"] == d) & (chosen["method"] == m)]["k"].iloc[0])  # noqa: E731
@@ -428,7 +255,7 @@ def main():
     if args.limit:
         meta["budget"] = (f"{args.limit} prompts per task (int8: {args.before_tasks}), "
                           + (f"max_new_tokens={args.max_new_tokens}" if args.max_new_tokens else "each task's max_new_tokens"))
-        extra = [f"limit={args.limit}"] + ([f"max_new_tokens={args.max_new_tokens}"] if args.max_new_tokens else [])
+        extra = [*model, f"limit={args.limit}"] + ([f"max_new_tokens={args.max_new_tokens}"] if args.max_new_tokens else [])
         parts = []
         for d in dict.fromkeys(["int8", fastest]) if "int8" in drafts else [fastest]:
             theta1 = [["method=mars", f"method.k={k_of(d, 'mars')}", "rule.theta=1.0"]] if d == fastest else []
@@ -436,24 +263,14 @@ def main():
             parts.append(runner_rows(runs / "budget", d, tasks, entries([k_of(d, "sd")], [k_of(d, "mars")], theta1),
                                      extra, args.threads))
         budget = pd.concat(parts, ignore_index=True)
-    llama = None
-    why = "--llama-limit 0" if not args.llama_limit else llama_probe()
-    if why:
-        meta["llama_skipped"] = why
-    else:
-        print("our mars beside llama.cpp speculative...", file=sys.stderr, flush=True)
-        llama = vs_llama(fastest, k_of(fastest, "mars"), args.llama_k, args.llama_limit,
-                         args.max_new_tokens or 512, data_dir, args.threads)
     lookup = None
     if args.lookup_limit:
         meta["lookup"] = (f"{args.lookup_limit} prompt{'s' if args.lookup_limit > 1 else ''} per task, "
                           f"{args.lookup_tokens} new tokens, sd with the {fastest} draft")
         lookup = runner_rows(runs / "lookup", fastest, LOOKUP_TASKS,
                              entries([k_of(fastest, "sd")], [], [["method=lookup"]]),
-                             [f"limit={args.lookup_limit}", f"max_new_tokens={args.lookup_tokens}"], args.threads)
-    goals = check_goals(target, facts, budget if budget is not None else pd.DataFrame(columns=["task", "draft"]),
-                        llama, kernel)
-    print(write(Path(args.out), meta, target, facts, sweep, chosen, budget, llama, lookup, goals))
+                             [*model, f"limit={args.lookup_limit}", f"max_new_tokens={args.lookup_tokens}"], args.threads)
+    print(write(Path(args.out), meta, target, facts, sweep, chosen, budget, lookup))
 
 
 if __name__ == "__main__":

@@ -17,20 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-
-from bench import fresh_runs_dir, run_compare  # noqa: E402
-from mars_bench import stats as S  # noqa: E402
-from mars_bench.engines.vllm_compat import installed_version  # noqa: E402
-from mars_bench.records import TAU_DEFINITION, machine_label, read_samples  # noqa: E402
+from mars_bench import stats as S
+from mars_bench.bench import fresh_runs_dir, run_compare
+from mars_bench.engines.vllm_compat import installed_version
+from mars_bench.metrics import TAU_DEFINITION
+from mars_bench.provenance import machine_label
+from mars_bench.storage import read_samples
 
 RULES = ("exact", "mars")
 INTERLEAVE = "interleave=[['method=sd'],['method=mars']]"
@@ -209,8 +207,8 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--reps", type=int, default=2, help="alternating native / vLLM rounds at B = 1")
-    ap.add_argument("--out", default=str(ROOT / "results" / "bench"))
-    ap.add_argument("--runs", default=str(ROOT / "results" / "bench_runs" / "vllm"),
+    ap.add_argument("--out", default="results/bench")
+    ap.add_argument("--runs", default="results/bench_runs/vllm",
                     help="where the runner writes (cleared first)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="OMP threads of both engines (on a shared "
                     "machine fewer threads than cores: an oversubscribed OpenMP team spins and stalls)")
@@ -232,7 +230,7 @@ def main():
             "theta": next((r["theta"] for r in recs if r["rule"] == "mars"), None),
             "machine": machine_label(recs[0].get("machine") if recs else None),
             "bench_s": None if args.tables_only else time.perf_counter() - t0,
-            "runs": str(runs.relative_to(ROOT) if runs.is_relative_to(ROOT) else runs)}
+            "runs": str(runs)}
     md = render(vllm, engines, meta)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,9 +15,14 @@ Checks (random models: the drafts are rarely accepted; the point is the engine, 
   batch      sd at B = 2 and 8 vs B = 1: mismatch rate (same rule), tokens/s.
   chi2       T = 1, sd exact: the first token's law vs p_target (top bins + rest), p > 1e-3.
   eagle3     the head's rotary inv_freq stays fp32 after the bf16 load.
-  split      per-step milliseconds: draft / target / outside the forwards, per method.
+  split      per-step milliseconds: draft / target / outside the forwards, per method (the engine's own
+             per-step times, GenerateResult); no tokens/s is timed here.
   reads      host reads (device syncs) per step, greedy chain and tree, B = 1: <= 2 each.
   memory     (cuda) peak allocated during the B = 8 run vs check_memory's estimate: peak <= estimate.
+  runner     the runner's interleaved path on the device, in its own process: `mars-bench +compare=methods
+             task=prompts model=tiny model.device=<device>` (ar, sd, mars interleaved sample by sample): every
+             method's records written and summarized; sd's tokens are ar's (required on a CPU, reported on
+             CUDA); its rows (tokens/s, tau, speedup and CI: summary.json's) printed, random models, no claim.
 Writes $OUT/gpu_check.json (or --out); exit 0 when every check passed, 1 otherwise, 2 when CUDA is asked
 for but absent.
 """
@@ -33,8 +38,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # a device machine runs it from a bare checkout
 
 from mars_bench.decode import DecodeConfig, Method, generate, generate_batch  # noqa: E402
 from mars_bench.decode.engine import Request  # noqa: E402
@@ -63,6 +67,7 @@ def parse(argv):
     ap.add_argument("--prompts", type=int, default=8, help="prompts per identity check")
     ap.add_argument("--max-new", type=int, default=64, help="new tokens per prompt")
     ap.add_argument("--draws", type=int, default=600, help="T = 1 first-token draws of the chi-square check")
+    ap.add_argument("--runner-prompts", type=int, default=4, help="prompts of the runner check (0: skip it)")
     ap.add_argument("--out", default=None, help="JSON path (default: $OUT/gpu_check.json or results/gpu_check.json)")
     return ap.parse_args(argv)
 
@@ -204,6 +209,24 @@ def host_reads(target, draft, prompts, cfg, method, tree=None) -> float:
     return round(reads.total / sum(r.steps for r in res), 3)
 
 
+def runner_check(device, n: int, max_new: int, exact: bool):
+    """(check, rows): the runner's interleaved path on ``device`` with the tiny pair (ar, sd, mars of
+    conf/compare/methods.yaml on the built-in prompts), in its own process, read back as rows
+    (``mars_bench.bench.runner_rows``: summary.json's numbers)."""
+    from mars_bench import bench as B
+
+    with tempfile.TemporaryDirectory(prefix="gpu_check_runner_") as folder:
+        runs = B.fresh_runs_dir(Path(folder) / "runs")
+        peak = B.run_compare("methods", "prompts", runs, ["model=tiny", f"model.device={device.type}", f"limit={n}",
+                                                          f"max_new_tokens={max_new}", "progress=false"], quiet=True)
+        rows = B.runner_rows(runs)
+    sd = rows[(rows["method"] == "sd") & ~rows["relaxed"].astype(bool)]
+    same = int(sd["identical_to_ar"].min()) if len(sd) else 0
+    return {"check": "runner_interleaved", "methods": list(rows["row"]), "n": [int(x) for x in rows["n"]],
+            "sd_identical_to_ar": same, "required_zero": exact, "peak_rss_gb": round(peak, 2),
+            "passed": len(rows) == 3 and all(int(x) == n for x in rows["n"]) and (same == n or not exact)}, rows
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -229,21 +252,18 @@ def main(argv=None) -> int:
     checks, timing = [], {}
 
     def run(label, method, drafter=draft, tree=None):
-        sync(device)
-        t0 = time.perf_counter()
         res = [generate(target, drafter, None, p, method, cfg, tree=tree) for p in prompts]
-        sync(device)
-        timing[label] = {**split(res), "tokens_per_s": round(sum(len(r.tokens) for r in res)
-                                                            / (time.perf_counter() - t0), 1)}
+        timing[label] = split(res)
         return [r.tokens for r in res]
 
     ar = run("ar", Method("ar"))
     hf = [tm.generate(torch.tensor([p], device=device), max_new_tokens=args.max_new, do_sample=False,
                       pad_token_id=0, eos_token_id=None)[0, len(p):].tolist() for p in prompts]
     checks.append(compare("ar_vs_generate", ar, hf, target, prompts, True))
+    outs = {}
     for label, method in METHODS.items():
-        tokens = run(label, method, tree=TREE if method.name == "sd_tree" else None)
-        checks.append(compare(f"{label}_vs_ar", tokens, ar, target, prompts, exact))
+        outs[label] = run(label, method, tree=TREE if method.name == "sd_tree" else None)
+        checks.append(compare(f"{label}_vs_ar", outs[label], ar, target, prompts, exact))
     drafter = eagle3_drafter(target, device, args.small)
     inv = drafter.head.rotary.inv_freq
     checks.append({"check": "eagle3_inv_freq_fp32", "dtype": str(inv.dtype), "passed": inv.dtype == torch.float32})
@@ -253,14 +273,11 @@ def main(argv=None) -> int:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
-        sync(device)
-        t0 = time.perf_counter()
         generate_batch(target, draft, None, [Request(list(p), key=i) for i, p in enumerate(prompts)],
                        Method("sd", k=4), cfg, b, lambda r, res: got.__setitem__(r.key, res.tokens))
         sync(device)
-        timing[f"sd k=4 B={b}"] = {"tokens_per_s": round(sum(map(len, got.values())) / (time.perf_counter() - t0), 1)}
-        one = run("sd k=4", METHODS["sd k=4"]) if b == 2 else one
-        checks.append(compare(f"sd_B{b}_vs_B1", [got[i] for i in range(len(prompts))], one, target, prompts, exact))
+        checks.append(compare(f"sd_B{b}_vs_B1", [got[i] for i in range(len(prompts))], outs["sd k=4"], target, prompts,
+                              exact))
         if device.type == "cuda" and b == 8:
             peak = torch.cuda.max_memory_allocated(device) - base
             need = memory_need([target, draft], max(map(len, prompts)) + args.max_new + 5, 5)
@@ -273,10 +290,20 @@ def main(argv=None) -> int:
              "sd_tree": host_reads(target, draft, prompts[:2], short, METHODS["sd_tree"], TREE)}
     checks.append({"check": "host_reads_per_step", **reads,
                    "passed": reads["sd k=4"] <= 2 and reads["sd_tree"] <= 2})
+    rows = None
+    if args.runner_prompts:
+        check, rows = runner_check(device, args.runner_prompts, min(32, args.max_new), exact)
+        checks.append(check)
 
-    print("\nper method (random models: plumbing and overheads, NOT a speed claim):")
+    print("\nper step, per method (random models: plumbing and overheads, NOT a speed claim):")
     for label, t in timing.items():
         print(f"  {label:<14} " + " ".join(f"{k} {v}" for k, v in t.items()))
+    if rows is not None:
+        print("\nrunner, tiny pair (summary.json's numbers; NOT a speed claim):")
+        f = lambda x: "-" if x is None or x != x else f"{x:.2f}"  # noqa: E731
+        for r in rows.itertuples():
+            print(f"  {r.row:<16} tokens/s {r.tokens_per_s:.1f} tau {r.tau:.2f} vs ar {f(r.vs_ar)} "
+                  f"[{f(r.vs_ar_lo)}, {f(r.vs_ar_hi)}] identical to ar {r.identical_to_ar}/{r.n}")
     print("\nchecks:")
     for c in checks:
         extra = {k: v for k, v in c.items() if k not in ("check", "passed", "divergent")}
@@ -287,8 +314,7 @@ def main(argv=None) -> int:
     summary = {"passed": passed, "device": name, "torch": torch.__version__, "small": args.small,
                "prompts": len(prompts), "max_new_tokens": args.max_new, "checks": checks, "timing": timing,
                "seconds": round(time.perf_counter() - t_start, 1)}
-    out = Path(args.out) if args.out else (Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "results") \
-        / "gpu_check.json"
+    out = Path(args.out) if args.out else Path(os.environ.get("OUT") or "results") / "gpu_check.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=1))
     print(f"\n{'PASS' if passed else 'FAIL'}: {sum(c['passed'] for c in checks)}/{len(checks)} checks passed on "

@@ -11,8 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 from scipy import stats as sps
 
-from mars_bench import records as R
+from mars_bench import metrics as M
 from mars_bench import stats as S
+from mars_bench.storage import read_samples
 
 from .test_stats import _segments
 from mars_bench.summary import LEGACY_METRICS, run_stats, task_metrics
@@ -35,14 +36,14 @@ def test_authors_speedup_counts_ar_tokens_by_retokenizing_minus_one():
     mine = [_rec("a", [(10, 3, 1.0), (6, 2, 1.0)]), _rec("b", [(9, 4, 3.0)])]
     # ar generated 16 and 9 tokens; re-tokenized texts give 12 + 7 (minus 1 each: 11 + 6 = 17) and 10 (-> 9)
     ar = [_rec("a", [(10, 10, 4.0), (6, 6, 4.0)], n_retokenized=[12, 7]), _rec("b", [(9, 9, 6.0)], [10])]
-    sp = R.speedup(mine, ar)
+    sp = M.speedup(mine, ar)
     # authors: method tokens/s 16/2 = 8 and 9/3 = 3 -> mean 5.5; ar 17/8 and 9/6 = 1.5 -> mean 1.8125
     assert sp["speedup_authors"] == pytest.approx(5.5 / ((17 / 8 + 1.5) / 2))
     assert sp["speedup_authors_note"] is None
     # ours: (25 / 5) / (25 / 14) = 2.8; mean of per-sample ratios: (8 / 2) and (3 / 1.5) -> 3
     assert sp["speedup"] == pytest.approx(2.8) and sp["speedup_mean_of_ratios"] == pytest.approx(3.0)
     # authors' tau: idx = steps - 1 per turn = 2 + 1 + 3 = 6 -> 25 / 6; ours 25 / 9
-    t = R.totals(mine)
+    t = M.totals(mine)
     assert (t["tau_authors"], t["idx_authors"], t["tau"]) == pytest.approx((25 / 6, 6, 25 / 9))
     st = run_stats(mine, ar, settings=S.StatsSettings(n_boot=200))
     assert st["speedup_authors"]["value"] == pytest.approx(sp["speedup_authors"])
@@ -51,10 +52,10 @@ def test_authors_speedup_counts_ar_tokens_by_retokenizing_minus_one():
 
 def test_authors_speedup_without_retokenized_counts_says_so():
     mine, ar = [_rec("a", [(8, 4, 2.0)]), _rec("b", [(6, 3, 1.5)])], [_rec("a", [(8, 8, 4.0)]), _rec("b", [(6, 6, 2.0)])]
-    sp = R.speedup(mine, ar)
+    sp = M.speedup(mine, ar)
     assert sp["speedup_authors"] == pytest.approx(4 / 2.5)            # 4, 4 over 2, 3: ar's own counts
     assert "2 of 2 ar records lack n_retokenized" in sp["speedup_authors_note"]
-    assert R.totals([_rec("c", [(1, 1, 1.0)])])["tau_authors"] is None   # idx 0: no authors' tau
+    assert M.totals([_rec("c", [(1, 1, 1.0)])])["tau_authors"] is None   # idx 0: no authors' tau
 
 
 def test_turn_record_counts_the_stripped_text_with_the_tokenizer():
@@ -284,15 +285,15 @@ def test_old_summary_is_restated_whole_by_the_writer(tmp_path):
     shutil.copytree(Path(__file__).parent / "fixtures" / "results" / "worker0", tmp_path / "r")
     task_dir = tmp_path / "r" / "toy-pair_fp32_cpu" / "gsm8k-v1"
     sd_dir = task_dir / "sd-k2-T0-p1-n8-s0"
-    sd_recs, _ = R.read_samples(sd_dir / "samples.jsonl")
-    ar_recs, _ = R.read_samples(task_dir / "ar-T0-p1-n8-s0" / "samples.jsonl")
+    sd_recs, _ = read_samples(sd_dir / "samples.jsonl")
+    ar_recs, _ = read_samples(task_dir / "ar-T0-p1-n8-s0" / "samples.jsonl")
     fidelity = W.fidelity_vs_ar(sd_recs, ar_recs)
     stats = W.run_stats(sd_recs, ar_recs, None, StatsSettings(), W.from_registration(load_spec("gsm8k")["metrics"]),
                         fidelity=fidelity)
     stats = {k: v for k, v in stats.items() if k not in ("tau_authors", "speedup_authors")}
     stats["quality_vs_ar"]["accuracy_strict"]["note"] = "stored"       # a marker: restated, so gone
-    totals = {k: v for k, v in R.totals(sd_recs).items() if k not in ("tau_authors", "idx_authors")}
-    speedup = {k: v for k, v in R.speedup(sd_recs, ar_recs).items() if not k.startswith("speedup_authors")}
+    totals = {k: v for k, v in M.totals(sd_recs).items() if k not in ("tau_authors", "idx_authors")}
+    speedup = {k: v for k, v in M.speedup(sd_recs, ar_recs).items() if not k.startswith("speedup_authors")}
     old = json.loads((sd_dir / "summary.json").read_text())
     (sd_dir / "summary.json").write_text(json.dumps({**old, "stats": stats, "totals": totals, "speedup": speedup,
                                                      "fidelity": fidelity}))

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from mars_bench.records import read_samples
+from mars_bench.storage import read_samples
 
 from .conftest import data_dir
 from .rundirs import find_run, labels, run_dir

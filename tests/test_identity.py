@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from mars_bench import runner
-from mars_bench.records import atomic_write_text
+from mars_bench.storage import atomic_write_text
 
 
 def turn(ids, accepted, outcome, z1, z2):

@@ -7,11 +7,12 @@ PKG = Path(__file__).resolve().parents[1] / "mars_bench"
 
 # Lowest first. A module may import its own layer's modules (without a cycle) and any lower layer's.
 LAYERS = [
-    {"errors", "files", "locking", "interrupts", "system_prompts"},
+    {"errors", "files", "locking", "interrupts", "system_prompts", "storage"},
     {"decode"},                       # the engine: no Hydra, no files, no models/ (backends plug in)
     {"models"},                       # backends, kernels, loading
+    {"provenance"},                   # git commit, versions, the machine (its CPU facts from models/)
     {"tasks"},
-    {"stats", "records", "recordbuild"},
+    {"stats", "records", "recordbuild", "metrics", "sample_writer"},
     {"config"},                       # the schema and its checks
     {"tags"},                         # RunSpec, built from a config
     {"summary"},
@@ -19,7 +20,7 @@ LAYERS = [
     {"wandb_logger"},
     {"engines"},                      # engines other than native (vLLM): hand a job's prompts over, get records
     {"runner"},
-    {"callbacks", "cli", "run", "cache_cli", "slurm", "__init__"},
+    {"callbacks", "cli", "run", "cache_cli", "slurm", "bench", "__init__"},   # bench: the scripts' library
 ]
 
 

@@ -9,15 +9,20 @@ from types import SimpleNamespace
 
 import pytest
 
+from mars_bench import metrics as M
+from mars_bench import provenance as P
 from mars_bench import records as R
+from mars_bench.decode.types import DecodeResult, DecodeStats
 from mars_bench.records import RECORD_VERSION, SampleRecord, TurnRecord
+from mars_bench.sample_writer import SampleWriter
+from mars_bench.storage import read_samples
 from mars_bench.summary import fidelity_vs_ar, run_stats, stop_reasons
 from mars_bench.stats import StatsSettings
 
 FIX = Path(__file__).parent / "fixtures" / "results" / "worker0" / "toy-pair_fp32_cpu" / "gsm8k-v1"
-TURN_KEYS = ["prompt_tokens", "new_tokens", "steps", "n_retokenized", "tau", "stop_reason", "prefill_s", "wall_s",
-             "target_s", "draft_s", "proposed", "accepted", "relaxed", "z1", "z2", "outcome", "output_ids",
-             "output_text", "depth_proposed"]
+TURN_KEYS = ["stop_reason", "steps", "proposed", "accepted", "relaxed", "z1", "z2", "outcome", "depth_proposed",
+             "prefill_s", "wall_s", "target_s", "draft_s", "prompt_tokens", "new_tokens", "n_retokenized", "tau",
+             "output_ids", "output_text"]
 SAMPLE_KEYS = ["record_version", "id", "index", "task", "task_version", "model", "method", "scheme", "rule",
                "rule_settings", "k", "p_min", "draft_quant", "fast_kernel", "theta", "temperature", "seed", "timing",
                "order", "phase", "machine", "new_tokens", "steps", "tau", "n_proposed", "n_accepted", "n_exact", "n_relaxed",
@@ -25,7 +30,7 @@ SAMPLE_KEYS = ["record_version", "id", "index", "task", "task_version", "model",
 
 
 def _fixture(run: str) -> list[dict]:
-    recs, problems = R.read_samples(FIX / run / "samples.jsonl")
+    recs, problems = read_samples(FIX / run / "samples.jsonl")
     assert problems == [] and recs
     return recs
 
@@ -42,8 +47,8 @@ def _job(interleaved=False):
     from mars_bench.tags import RunSpec
 
     tag = RunSpec("sd", "mars", 0.0, 1.0, 8, 0, k=2, settings={"theta": 0.9})
-    return SimpleNamespace(fields=job_fields(tag, SimpleNamespace(name="gsm8k", version=1),
-                                             SimpleNamespace(k=2, p_min=0.0), "tiny", None, interleaved, None))
+    return SimpleNamespace(fields=job_fields(tag, SimpleNamespace(name="gsm8k", version=1), "tiny", None, interleaved,
+                                             None))
 
 
 def test_runner_builds_a_versioned_record_with_todays_keys():
@@ -106,12 +111,12 @@ def test_summary_numbers_are_unchanged_through_the_typed_record():
     stats block come out the same from dicts and from SampleRecords."""
     ar, mars = _fixture("ar-T0-p1-n8-s0"), _fixture("mars-k2-th0.9-T0-p1-n8-s0")
     stored = json.loads((FIX / "mars-k2-th0.9-T0-p1-n8-s0" / "summary.json").read_text())
-    totals = R.totals(mars)
+    totals = M.totals(mars)
     assert {k: totals[k] for k in stored["totals"]} == stored["totals"]
     typed_ar, typed_mars = R.as_records(ar), R.as_records(mars)
-    assert R.totals(typed_mars) == totals
-    assert R.speedup(typed_mars, typed_ar) == R.speedup(mars, ar)
-    assert stored["speedup"]["speedup"] == R.speedup(mars, ar)["speedup"]
+    assert M.totals(typed_mars) == totals
+    assert M.speedup(typed_mars, typed_ar) == M.speedup(mars, ar)
+    assert stored["speedup"]["speedup"] == M.speedup(mars, ar)["speedup"]
     assert fidelity_vs_ar(typed_mars, typed_ar) == fidelity_vs_ar(mars, ar)
     assert stop_reasons(typed_mars) == stop_reasons(mars)
     settings = StatsSettings(n_boot=200)
@@ -119,11 +124,11 @@ def test_summary_numbers_are_unchanged_through_the_typed_record():
 
 
 def test_sample_writer_takes_a_record(tmp_path):
-    w = R.SampleWriter(tmp_path / "run" / "samples.jsonl")
+    w = SampleWriter(tmp_path / "run" / "samples.jsonl")
     assert w.claim("q0")
     w.write(SampleRecord(id="q0", new_tokens=1, steps=1))
     w.close()
-    (line,), _ = R.read_samples(tmp_path / "run" / "samples.jsonl")
+    (line,), _ = read_samples(tmp_path / "run" / "samples.jsonl")
     assert line["record_version"] == RECORD_VERSION and line["writer"] and SampleRecord.from_dict(line).id == "q0"
 
 
@@ -131,23 +136,23 @@ def test_machine_is_recorded_and_speed_compares_only_within_one_machine():
     from mars_bench import stats as S
     from mars_bench.summary import run_stats
 
-    here = R.machine()
-    assert here["cpu"] and here["threads"] >= 1 and set(here["isa"]) <= set(R.ISA_FLAGS)
-    assert str(here["threads"]) in R.machine_label(here) and R.machine_label(None) == "unrecorded"
+    here = P.machine()
+    assert here["cpu"] and here["threads"] >= 1 and set(here["isa"]) <= set(P.ISA_FLAGS)
+    assert str(here["threads"]) in P.machine_label(here) and P.machine_label(None) == "unrecorded"
     other = {**here, "cpu": "Another CPU", "isa": []}
 
     def rec(i, wall, m):
-        return R.SampleRecord(id=f"s{i}", new_tokens=10, steps=5, wall_s=wall, machine=m)
+        return SampleRecord(id=f"s{i}", new_tokens=10, steps=5, wall_s=wall, machine=m)
 
     ar = [rec(i, 2.0, here) for i in range(6)]
     mine = [rec(i, 1.0, here) for i in range(3)] + [rec(i, 0.1, other) for i in range(3, 6)]
-    assert len(R.paired_records(mine, ar)) == 6 and len(R.speed_pairs(mine, ar)) == 3
-    assert R.speedup(mine, ar)["speedup"] == 2.0 and R.speedup(mine, ar)["n_common"] == 3   # not 11x
+    assert len(M.paired_records(mine, ar)) == 6 and len(M.speed_pairs(mine, ar)) == 3
+    assert M.speedup(mine, ar)["speedup"] == 2.0 and M.speedup(mine, ar)["n_common"] == 3   # not 11x
     st = run_stats(mine, ar, settings=S.StatsSettings(n_boot=200))
     assert st["speedup"]["value"] == 2.0 and "3 of 6 samples left out" in st["speedup"]["note"]
-    assert R.machines(mine) == sorted({R.machine_label(here), R.machine_label(other)})
+    assert M.machines(mine) == sorted({P.machine_label(here), P.machine_label(other)})
     legacy = [rec(i, 1.0, None) for i in range(6)]      # written before machines were recorded: still compared
-    assert len(R.speed_pairs(legacy, ar)) == 6
+    assert len(M.speed_pairs(legacy, ar)) == 6
 
 
 def test_a_summary_over_two_machines_is_current_for_the_report(tmp_path):
@@ -158,11 +163,11 @@ def test_a_summary_over_two_machines_is_current_for_the_report(tmp_path):
     from mars_bench.report.restate import _current
     from mars_bench.summary import run_stats
 
-    here = R.machine()
+    here = P.machine()
     other = {**here, "threads": here["threads"] + 1}
-    ar = [R.SampleRecord(id=f"s{i}", new_tokens=10, steps=10, wall_s=2.0, machine=here if i < 3 else other)
+    ar = [SampleRecord(id=f"s{i}", new_tokens=10, steps=10, wall_s=2.0, machine=here if i < 3 else other)
           for i in range(6)]
-    mine = [R.SampleRecord(id=f"s{i}", new_tokens=10, steps=5, wall_s=1.0, machine=here) for i in range(6)]
+    mine = [SampleRecord(id=f"s{i}", new_tokens=10, steps=5, wall_s=1.0, machine=here) for i in range(6)]
     stats = run_stats(mine, ar, settings=S.StatsSettings(n_boot=200))
     assert stats["speedup"]["n"] == 3
     run = RunFiles.__new__(RunFiles)
@@ -173,5 +178,27 @@ def test_a_summary_over_two_machines_is_current_for_the_report(tmp_path):
 def test_outside_forward_share_is_of_the_loop_time_prefill_excluded():
     # wall 3 s of which prefill 1 s; forwards 1.5 + 0.3 s of the 2 s loop: 10% outside
     rec = SampleRecord(id="q0", new_tokens=4, steps=2, prefill_s=1.0, wall_s=3.0, target_s=1.5, draft_s=0.3)
-    assert R.totals([rec])["outside_forward_share"] == pytest.approx(0.1)
-    assert R.outside_forward_share(1.0, 1.0, 0.0) is None      # no loop time: no share
+    assert M.totals([rec])["outside_forward_share"] == pytest.approx(0.1)
+    assert M.outside_forward_share(1.0, 1.0, 0.0) is None      # no loop time: no share
+
+
+def test_a_turn_holds_the_decode_stats_declared_once():
+    """TurnRecord is the engine's DecodeStats plus the record's own fields: every stat of a DecodeResult lands in
+    the turn under its name (z1, z2 rounded); depth_proposed is null on disk for a chain and a list for a tree."""
+    from dataclasses import fields
+
+    from mars_bench.recordbuild import turn_record
+
+    stats = [f.name for f in fields(DecodeStats)]
+    assert issubclass(TurnRecord, DecodeStats) and issubclass(DecodeResult, DecodeStats)
+    res = DecodeResult(tokens=[4, 5, 6], stop_reason="eos", steps=2, proposed=[3, 3], accepted=[2, 0],
+                       relaxed=[{"clause": "top2", "pos": 1}], z1=[0.123456, 0.9], z2=[0.5, 0.25], outcome="ARX",
+                       depth_proposed=[3, 2], prefill_s=0.1, wall_s=0.4, target_s=0.2, draft_s=0.1)
+    assert all(getattr(res, n) != getattr(DecodeStats(), n) for n in stats)   # every stat set: a missed copy shows
+    turn = turn_record(res, [1, 2], "x")
+    assert {n: turn[n] for n in stats} == {**{n: getattr(res, n) for n in stats}, "z1": [0.1235, 0.9]}
+    assert (turn["new_tokens"], turn["tau"], turn["output_ids"]) == (3, 1.5, [4, 5, 6])
+    assert TurnRecord.from_dict(turn).to_dict() == turn
+    chain = turn_record(DecodeResult(tokens=[4], steps=1, proposed=[2], accepted=[0]), [1], "y")
+    assert chain["depth_proposed"] is None and TurnRecord.from_dict(chain).depth_proposed == []
+    assert TurnRecord.from_dict(chain).to_dict() == chain

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mars_bench.locking import Claims
-from mars_bench.records import read_samples
+from mars_bench.storage import read_samples
 
 from . import rundirs
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench import records as R
+from mars_bench import metrics as M
 from mars_bench import stats as S
 from mars_bench.report import all_tables, load_frames, main, make_figures
 from mars_bench.report.columns import paired_test, val
@@ -223,9 +223,9 @@ def test_tables_by_hand(runs, frames):
     for name, table in t.items():                                     # definitions cited once, in code
         if name == "quality":                                         # neither tau nor speedup shown there
             continue
-        assert R.TAU_DEFINITION in table.caption, name
+        assert M.TAU_DEFINITION in table.caption, name
         if name != "acceptance":
-            assert R.SPEEDUP_DEFINITION in table.caption, name
+            assert M.SPEEDUP_DEFINITION in table.caption, name
     rows = list(csv.DictReader(io.StringIO(t["main"].to_csv())))
     assert float(rows[2]["speedup_authors"]) == pytest.approx(18 / 7)
     assert float(rows[2]["tau_authors"]) == pytest.approx(22 / 6)

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from mars_bench.records import read_samples
+from mars_bench.storage import read_samples
 from mars_bench.tags import read_spec
 
 from .rundirs import run_dir

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench.records import read_samples
+from mars_bench.storage import read_samples
 from mars_bench.tags import read_spec
 
 from .slurm_cluster import MissingBinaries, local_cluster

@@ -96,14 +96,14 @@ def test_missing_is_none_outside_a_sharded_study():
 
 
 def test_a_dirty_tree_is_refused_unless_allowed(monkeypatch, capsys):
-    import mars_bench.records as R
+    import mars_bench.provenance as P
 
-    monkeypatch.setattr(R, "git_commit", lambda: "abc1234+dirty")
+    monkeypatch.setattr(P, "git_commit", lambda: "abc1234+dirty")
     with pytest.raises(S.DirtyTree, match=r"abc1234\+dirty.*--allow-dirty"):
         S.check_clean(False)
     assert S.check_clean(True) == "abc1234+dirty"
     assert S.main(["run", "gsm8k"]) == 2 and "uncommitted changes" in capsys.readouterr().err
-    monkeypatch.setattr(R, "git_commit", lambda: "abc1234")
+    monkeypatch.setattr(P, "git_commit", lambda: "abc1234")
     assert S.check_clean(False) == "abc1234"
 
 

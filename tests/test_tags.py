@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench import records as Rec
 from mars_bench import runner as R
+from mars_bench.sample_writer import SampleWriter
 from mars_bench.tags import SPEC_FILE, SPEC_VERSION, RunSpec, read_spec, write_spec
 
 from .test_cli import tiny_cfg
@@ -142,13 +142,13 @@ def test_baseline_and_reference_name_the_runs_the_runner_writes(tmp_path):
 
 def test_run_json_is_written_before_the_first_sample_and_a_rerun_resumes(tmp_path, monkeypatch):
     seen = []
-    write = Rec.SampleWriter.write
+    write = SampleWriter.write
 
     def spy(self, record):
         seen.append((self.path.parent / SPEC_FILE).is_file())
         return write(self, record)
 
-    monkeypatch.setattr(Rec.SampleWriter, "write", spy)
+    monkeypatch.setattr(SampleWriter, "write", spy)
     cfg = tiny_cfg(tmp_path, "method=mars", "method.theta=0.9000001", "max_new_tokens=8", "limit=2")
     first = R.run(cfg)
     run = Path(first["run_dir"])

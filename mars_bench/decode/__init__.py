@@ -1,6 +1,7 @@
 """The decoding core: token ids in, ``DecodeResult`` out; it knows nothing of tasks, files or Hydra.
 
   types.py     Method (drafting scheme + rule), DecodeConfig, DecodeResult, Stopper
+  drafting.py  the drafting schemes, one declaration each: what each drafts with, its proposer
   engine.py    the one decoding loop (every method, every batch size): propose, verify, commit
   proposers/   how drafts are made: LM chain, LM / EAGLE-3 tree, prompt lookup
   rules/       verification rules: pure tensor functions + the RULES registry

@@ -44,7 +44,7 @@ from .backend import as_backend
 from .proposers.factory import make_proposer
 from .rules import get_rule, verify_chain
 from .tree.verify import verify_greedy, verify_sampled
-from .types import TREE, DecodeConfig, DecodeResult, Method, Stopper
+from .types import DecodeConfig, DecodeResult, Method, Stopper
 
 
 @dataclass
@@ -82,7 +82,7 @@ class Batch:
         self.rule = (rule or get_rule(method.rule)) if method.speculative else None
         self.settings = self.rule.settings(method.rule_kwargs) if self.rule else {}
         if self.rule:        # before any model is touched
-            self.rule.check_mode("tree" if method.name in TREE else "chain", cfg.temperature)
+            self.rule.check_mode(method.scheme.shape, cfg.temperature)
         self.proposer = make_proposer(method, draft, cfg, tree)
         self.target, self.tokenizer, self.cfg, self.batch_size = as_backend(target), tokenizer, cfg, batch_size
         self.hidden = bool(self.proposer and self.proposer.needs_hidden)

@@ -1,22 +1,19 @@
 """The decoding core's value types: what to decode (``Method``), how (``DecodeConfig``), what came
-out (``DecodeResult``), and the stop conditions every method shares (``Stopper``).
+out (``DecodeResult``: its tokens and ``DecodeStats``), and the stop conditions every method shares (``Stopper``).
 
-Two axes (docs/adding_a_rule.md): the drafting scheme (``Method.name``: ar, sd, sd_tree, eagle3)
-and the verification rule (``Method.rule``, any name registered in ``rules.RULES``). The presets of
-the first releases name a (scheme, rule) pair: mars = sd + mars, mars_tree = sd_tree + mars,
-eagle3_mars = eagle3 + mars; they are accepted wherever a scheme is and resolved here, once.
+Two axes (docs/adding_a_rule.md): the drafting scheme (``Method.name``, a name declared in
+``drafting.SCHEMES``: ar, sd, lookup, sd_tree, eagle3) and the verification rule (``Method.rule``, any
+name registered in ``rules.RULES``). The presets of the first releases name a (scheme, rule) pair:
+mars = sd + mars, mars_tree = sd_tree + mars, eagle3_mars = eagle3 + mars; they are accepted wherever a
+scheme is and resolved here, once.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CHAIN = ("ar", "sd", "lookup")         # the target scores a chain of drafts (proposers: none, chain, lookup)
-TREE = ("sd_tree", "eagle3")           # the target scores a draft tree (proposers.tree)
-SCHEMES = CHAIN + TREE
-DRAFT_MODEL = ("sd", "sd_tree")        # schemes that need a separate draft model
-OPTIONS = {"lookup": ("max_ngram", "min_ngram")}   # scheme-specific knobs carried in Method.options
+from .drafting import SCHEMES, Scheme, scheme_of
+
 PRESETS = {"mars": ("sd", "mars"), "mars_tree": ("sd_tree", "mars"), "eagle3_mars": ("eagle3", "mars")}
-METHOD_NAMES = SCHEMES + tuple(PRESETS)   # what `method=` accepts (conf/method/<name>.yaml)
 DEFAULT_K = 4                          # chains: most drafts per step (the schema's default too)
 # How max_new_tokens ends a decode: exact = cut at the budget (drafts are shortened to fit it);
 # after_step = the authors' rule (5SSjw/MARS ea_model.eagenerate / naivegenerate: `if new_token >
@@ -24,6 +21,11 @@ DEFAULT_K = 4                          # chains: most drafts per step (the schem
 # decoding stops after the first step that takes the output past the budget, so a step may end up to
 # (its committed tokens: longest draft + 1) past it; ar, one token a step, ends at max_new_tokens + 1.
 BUDGET_RULES = ("exact", "after_step")
+
+
+def method_names() -> tuple[str, ...]:
+    """What `method=` accepts (conf/method/<name>.yaml): every declared scheme, then the presets."""
+    return tuple(SCHEMES) + tuple(PRESETS)
 
 
 def resolve(name: str, rule: str | None) -> tuple[str, str]:
@@ -35,7 +37,7 @@ def resolve(name: str, rule: str | None) -> tuple[str, str]:
                              f"rule={preset_rule}; allowed: method={scheme} rule={rule}")
         return scheme, preset_rule
     if name not in SCHEMES:
-        raise ValueError(f"unknown method {name!r}; allowed: {', '.join(METHOD_NAMES)}")
+        raise ValueError(f"unknown method {name!r}; allowed: {', '.join(method_names())}")
     return name, ("exact" if rule is None else rule)
 
 
@@ -71,7 +73,7 @@ class Method:
     rule_kwargs: dict = field(default_factory=dict)  # the rule's settings (missing ones: its defaults)
     tree: dict = field(default_factory=dict)         # tree schemes: depth, top_k, total_tokens, static_paths, children
     p_min: float = 0.0              # chains: stop drafting early when the draft's top-1 prob < p_min (0 = fixed k)
-    options: dict = field(default_factory=dict)      # scheme-specific knobs (OPTIONS), e.g. lookup's max_ngram
+    options: dict = field(default_factory=dict)      # scheme-specific knobs (Scheme.options), e.g. lookup's max_ngram
 
     def __post_init__(self):
         scheme, rule = resolve(self.name, self.rule)
@@ -79,13 +81,19 @@ class Method:
         object.__setattr__(self, "rule", rule)
 
     @property
+    def scheme(self) -> Scheme:
+        """The declaration of this method's drafting scheme (``drafting.SCHEMES``)."""
+        return scheme_of(self.name)
+
+    @property
     def speculative(self) -> bool:
-        return self.name != "ar"
+        return self.scheme.speculative
 
 
 @dataclass
-class DecodeResult:
-    tokens: list[int] = field(default_factory=list)
+class DecodeStats:
+    """What a decode measured beside its tokens: why it stopped, per-step drafts and acceptances, timings. A turn's
+    sample record holds these fields under the same names (declared here only)."""
     stop_reason: str = ""
     steps: int = 0                  # target verification forwards (prefill excluded)
     proposed: list[int] = field(default_factory=list)   # per step: drafts proposed
@@ -99,6 +107,12 @@ class DecodeResult:
     wall_s: float = 0.0
     target_s: float = 0.0
     draft_s: float = 0.0
+
+
+@dataclass
+class DecodeResult(DecodeStats):
+    """A decode's output tokens and its ``DecodeStats``."""
+    tokens: list[int] = field(default_factory=list)
 
     @property
     def tau(self) -> float:

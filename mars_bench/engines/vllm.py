@@ -126,7 +126,7 @@ class VllmModels:
         from transformers import AutoTokenizer
 
         from ..models.pairs import chat_template_kwargs
-        from ..records import machine
+        from ..provenance import machine
 
         self.cfg, self.version = cfg, check(cfg)
         self.target_dir, self.draft_dir = model_dirs(cfg.model)

@@ -129,19 +129,20 @@ def hub_revision(repo_id: str, revision: str | None = None) -> str:
                             "allowed: a local directory or a Hub id that resolves") from None
 
 
-def pair_identity(mcfg, uses_draft: bool, uses_head: bool, engine: str = "native") -> tuple[dict, dict | None]:
+def pair_identity(mcfg, uses_draft: bool, head: str | None, engine: str = "native") -> tuple[dict, dict | None]:
     """(target side, draft side) of a model config for a ``RunSpec``. The target side is everything an ar run
     shares with a speculative one (weights, dtype, device, fast path, sharding); the draft side the proposer's
-    weights (None for a run with no draft model or head: ar, prompt lookup). ``engine``: the weights that engine
-    runs (``weights_identity``)."""
+    weights (None for a run with no draft model or head: ar, prompt lookup). ``head``: the model config key naming
+    a drafting head's weights (e.g. eagle3), or None. ``engine``: the weights that engine runs
+    (``weights_identity``)."""
     source = mcfg.source
     target = {"weights": weights_identity(source, mcfg.target, seed=mcfg.seed, engine=engine), "dtype": mcfg.dtype,
               "device": mcfg.device, "fast_path": mcfg.fast_path, "device_map": mcfg.device_map}
     draft = {}
     if uses_draft:
         draft["weights"] = weights_identity(source, mcfg.draft, seed=mcfg.seed, noise=mcfg.noise, engine=engine)
-    if uses_head:
-        draft["eagle3"] = weights_identity("hf", mcfg.eagle3) if mcfg.eagle3 else None
+    if head is not None:
+        draft[head] = weights_identity("hf", mcfg[head]) if mcfg[head] else None
     return target, (draft or None)
 
 

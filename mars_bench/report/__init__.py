@@ -55,7 +55,7 @@ def write_report(roots, out: str | Path | None = None, theta: float = DEFAULT_TH
 
 
 def _write_index(out: Path, roots, frames: Frames, tables, figs, absent: list[str] | None = None) -> None:
-    from ..records import atomic_write_text
+    from ..storage import atomic_write_text
 
     lines = ["# mars-bench report", "", f"Results read from: {', '.join(str(r) for r in roots)} "
              f"({len(frames.runs)} runs). Regenerate with `mars-bench-report {' '.join(str(r) for r in roots)}`.", ""]

@@ -31,7 +31,7 @@ its last turn), fast_kernel, score/<key>, and z1, z2, outcome (per verified draf
 """
 from __future__ import annotations
 
-from .. import records as R
+from .. import metrics as M
 from ..decode.rules import RULES
 
 SPEEDUP = ("speedup", "speedup_authors", "speedup_mean_of_ratios", "ar_tokens_per_s", "n_common",
@@ -191,7 +191,7 @@ def sample_row(rec: dict) -> dict:
     wall, proposed, turns = rec.get("wall_s") or 0, rec.get("n_proposed") or 0, rec.get("turns") or []
     out.update(tokens_per_s=(rec.get("new_tokens") or 0) / wall if wall else None,
                acceptance_rate=(rec.get("n_accepted") or 0) / proposed if proposed else None,
-               idx_authors=R.authors_idx(rec) if turns else 0, n_turns=len(turns),
+               idx_authors=M.authors_idx(rec) if turns else 0, n_turns=len(turns),
                stop_reason=(turns[-1].get("stop_reason") if turns else None), fast_kernel=rec.get("fast_kernel"))
     out.update({f"score/{k}": v for k, v in (rec.get("score") or {}).items()})
     z1, z2, outcome = [], [], ""

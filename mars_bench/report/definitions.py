@@ -3,12 +3,12 @@ truncation flag, the paired-test cells and the metric label. Its own module so t
 elsewhere (``study.py``, ``claims.py``) and ``tables.py`` import it, not each other."""
 from __future__ import annotations
 
-from .. import records as R
+from .. import metrics as M
 from .columns import val
 from .writer import ARROW, ci
 
-AUTHORS_DEFINITIONS = (f"Authors' formulas, shown beside ours, never instead: {R.SPEEDUP_AUTHORS_DEFINITION}; "
-                       f"{R.TAU_AUTHORS_DEFINITION}")
+AUTHORS_DEFINITIONS = (f"Authors' formulas, shown beside ours, never instead: {M.SPEEDUP_AUTHORS_DEFINITION}; "
+                       f"{M.TAU_AUTHORS_DEFINITION}")
 NI_DEFINITION = ("NI = non-inferiority to ar of the quality metric: the one-sided 95% bound of Δ clears the "
                  "margin declared before looking, margin = stats.ni_margin x |ar's score| (yes / no; – when "
                  "untested)")
@@ -19,7 +19,7 @@ CI_DEFINITION = ("v [lo, hi] = value and its 95% CI (bootstrap over samples; spe
                  "same resampled samples); p = paired test vs ar (McNemar exact for binary scores, sacrebleu "
                  "paired bootstrap for BLEU/chrF); MDE = smallest difference this n detects at 80% power, "
                  "5% level; truncated = share of samples stopped at max_new_tokens")
-SPEED_DEFS = f"{R.TAU_DEFINITION}. {R.SPEEDUP_DEFINITION}."
+SPEED_DEFS = f"{M.TAU_DEFINITION}. {M.SPEEDUP_DEFINITION}."
 NO_BUDGET_DEFINITION = ("speedup without budget hits = the same speedup over the samples where neither the method's "
                         "nor ar's output hit max_new_tokens in any turn (runaway samples repeat text that drafts "
                         "easily and inflate the headline)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..records import atomic_write_text
+from ..storage import atomic_write_text
 from .frames import load_frames
 from .pack import is_pack, unpacked
 from .read import find_run_dirs

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import records as R
+from .. import metrics as M
 from .columns import val
 from .frames import DEFAULT_THETA, at_theta, study_groups
 from .writer import Table
@@ -43,8 +43,8 @@ def paper_table(runs: pd.DataFrame, theta: float = DEFAULT_THETA) -> Table:
     t = Table("Table 8", "The paper's speed table layout (the authors' columns: MT-Bench, HumanEval, GSM8K, Alpaca, "
               "CNN/DM, mean), regenerated from the results read: speedup over ar [95% CI] and τ per task and method "
               f"(mars at θ={theta:g}), batch size 1 (a study's timed phase; τ from its quality phase). Rows 'ours': "
-              f"{R.SPEEDUP_DEFINITION}; {R.TAU_DEFINITION}. Rows \"authors'\": {R.SPEEDUP_AUTHORS_DEFINITION}; "
-              f"{R.TAU_AUTHORS_DEFINITION}. '–' = the task was not run (missing, not estimated); the mean is over "
+              f"{M.SPEEDUP_DEFINITION}; {M.TAU_DEFINITION}. Rows \"authors'\": {M.SPEEDUP_AUTHORS_DEFINITION}; "
+              f"{M.TAU_AUTHORS_DEFINITION}. '–' = the task was not run (missing, not estimated); the mean is over "
               "the five tasks only when all five are present, 'mean of present' over those there.", cols)
     chosen = speed_rows(runs)
     chosen = chosen[chosen["task"].isin(names)] if len(chosen) else chosen

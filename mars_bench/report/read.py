@@ -18,7 +18,7 @@ from typing import Iterable
 
 import yaml
 
-from .. import records as R
+from ..storage import read_samples
 from ..tags import RunSpec, read_spec
 
 
@@ -86,7 +86,7 @@ def read_run(model_dir: str, task_dir: str, spec: RunSpec, dirs: list[Path]) -> 
     """One run's samples (merged by id) and summary (the one covering most samples)."""
     run, seen, summaries = RunFiles(model_dir, task_dir, spec, list(dirs)), {}, []
     for d in dirs:
-        recs, probs = R.read_samples(d / "samples.jsonl")
+        recs, probs = read_samples(d / "samples.jsonl")
         run.problems += probs
         for rec in recs:
             first = seen.setdefault(rec["id"], (d, rec))

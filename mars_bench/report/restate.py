@@ -2,8 +2,8 @@
 
 summary.json is read as written where it is current. Where it is missing or stale (written before some of
 its fields existed, or over fewer samples than the merged samples.jsonl holds), each stale block is restated
-in whole from the samples by the writer's own functions, never by the report: totals (``records.totals``),
-speedup and fidelity vs ar (``records.speedup``, ``summary.fidelity_vs_ar``), stop reasons and every interval
+in whole from the samples by the writer's own functions, never by the report: totals (``metrics.totals``),
+speedup and fidelity vs ar (``metrics.speedup``, ``summary.fidelity_vs_ar``), stop reasons and every interval
 and paired test (``summary.stop_reasons``, ``summary.run_stats``), and the run's notes say which. Quality (the
 task's aggregate) needs the task's data and stays the summary's, over the samples it covers. BLEU / chrF
 tests need the references, which results files do not hold: those stay untested, with a note. Which metric
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from .. import metrics as M
 from .. import records as R
 from .. import stats as S
 from .. import summary as W
@@ -36,11 +37,11 @@ def _totals(run: RunFiles, stored: dict | None) -> dict:
     if stored is not None and (not run.has_samples or n == len(recs)):
         if not run.has_samples:
             run.notes.insert(0, "no samples.jsonl: numbers from summary.json only")
-        return {**R.totals(recs), **stored} if recs else dict(stored)   # fields added since it was written
+        return {**M.totals(recs), **stored} if recs else dict(stored)   # fields added since it was written
     run.notes.insert(0, "no summary.json: totals from samples.jsonl, no quality metrics" if stored is None else
                      f"summary.json covers {n} samples, samples.jsonl {len(recs)}: totals recomputed; quality is "
                      f"over the {n}")
-    return R.totals(recs)
+    return M.totals(recs)
 
 
 def _vs_ar(run: RunFiles, s: dict, ar: RunFiles | None) -> tuple[dict | None, dict | None]:
@@ -51,12 +52,12 @@ def _vs_ar(run: RunFiles, s: dict, ar: RunFiles | None) -> tuple[dict | None, di
             run.notes.append(f"no speedup: no ar run {run.spec.baseline().label} with samples beside it")
         return sp, fid
     recs, base = R.as_records(run.records), R.as_records(ar.records)
-    n_common, n_speed = len(R.paired_records(recs, base)), len(R.speed_pairs(recs, base))   # speed: same machine
+    n_common, n_speed = len(M.paired_records(recs, base)), len(M.speed_pairs(recs, base))   # speed: same machine
     fid_n = ((fid or {}).get("aggregate") or {}).get("n")
     if sp is not None and sp.get("n_common") == n_speed and fid_n == n_common and "speedup_authors" in sp:
         return sp, fid
     run.notes.append(f"speedup and fidelity recomputed from samples ({n_common} in common with ar)")
-    return R.speedup(run.records, ar.records), W.fidelity_vs_ar(run.records, ar.records)
+    return M.speedup(run.records, ar.records), W.fidelity_vs_ar(run.records, ar.records)
 
 
 def _stats(run: RunFiles, s: dict, ar: RunFiles | None, ref: RunFiles | None) -> tuple[dict | None, dict | None]:
@@ -82,7 +83,7 @@ def _current(stored: dict, run: RunFiles, ar_recs: list | None, ref_recs: list |
     if (stored.get("tau") or {}).get("n") != len(run.records) or "tau_authors" not in stored:
         return False
     if ar_recs is not None:
-        n_ar = len(R.speed_pairs(R.as_records(run.records), R.as_records(ar_recs)))   # speed pairs one machine
+        n_ar = len(M.speed_pairs(R.as_records(run.records), R.as_records(ar_recs)))   # speed pairs one machine
         if (stored.get("speedup") or {}).get("n") != n_ar or stored.get("speedup_authors") is None:
             return False
     return ref_recs is None or stored.get("quality_vs_sd") is not None

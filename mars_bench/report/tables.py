@@ -14,7 +14,7 @@
                             (``paper.py``)
     claims_table(runs)      the paper's claims as a study's intervals resolve them (``claims.py``)
 
-Captions cite the definitions of ``mars_bench.records`` (one source). A cell ``v [lo, hi]`` is the value and
+Captions cite the definitions of ``mars_bench.metrics`` (one source). A cell ``v [lo, hi]`` is the value and
 its 95% CI (the frame's ``<column>_lo`` / ``_hi``), a bare value has none (the quality table's note says why).
 CSV files carry the raw numbers, intervals as ``<column>_lo`` / ``_hi``.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import records as R
+from .. import metrics as M
 from .. import stats as S
 from .claims import claims_table
 from .columns import paired_test, val
@@ -200,7 +200,7 @@ def acceptance_table(runs: pd.DataFrame) -> Table:
     chosen = runs.loc[[m != "ar" and bool(val(r, "acceptance_per_depth")) for m, r in zip(runs["method"], rows(runs))]]
     depth = max((len(d) for d in chosen["acceptance_per_depth"]), default=0)
     t = Table("Table 4", f"Acceptance rate per draft position. {ACCEPTANCE_DEFINITION}; mars counts exact and "
-              f"relaxed acceptances. {R.TAU_DEFINITION}.",
+              f"relaxed acceptances. {M.TAU_DEFINITION}.",
               [("model", "model pair", ""), ("task", "task", ""), ("settings", "settings", ""),
                ("label", "method", ""), ("n", "n", "d"), ("tau", "τ", ".2f")]
               + [(f"d{i + 1}", f"depth {i + 1}", ".3f") for i in range(depth)] + [("notes", "notes", "")])
@@ -253,7 +253,7 @@ def write_tables(tables: dict[str, Table], out_dir) -> list:
     """``<out_dir>/<name>.md`` / ``.csv`` / ``.tex`` per table."""
     from pathlib import Path
 
-    from ..records import atomic_write_text
+    from ..storage import atomic_write_text
 
     paths = []
     for name, t in tables.items():

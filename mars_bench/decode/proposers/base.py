@@ -1,4 +1,4 @@
-"""The proposer interface and the table of drafting schemes.
+"""The proposer interface (which scheme uses which proposer: ``decode.drafting``).
 
 A proposer keeps per-row drafting state beside the target's batched cache (row b = one sequence):
   start(row, prompt, hidden)       a new sequence takes slot ``row`` (prefill; ``hidden``: the target's
@@ -7,7 +7,8 @@ A proposer keeps per-row drafting state beside the target's batched cache (row b
                                    depth (the budget rule, ``DecodeConfig.draft_len``)
   commit(rows, proposals, verdicts, committed, hidden)   keep what the target accepted
   select(keep)                     rows leave the batch (indices kept, in order)
-and reports ``forward_s`` (seconds inside its own forwards). ``kind`` says how the target scores its
+and reports ``forward_s`` (seconds inside its own forwards); ``make(method, drafter, cfg, tree)`` builds one for
+a ``Method`` (``drafter``: the draft LM or head its scheme declares, else None). ``kind`` says how the target scores its
 proposals: ``chain`` (causal, verified by ``rules.verify_chain``) or ``tree`` (tree mask, verified by
 ``tree.verify``). ``q`` is None for point-mass drafts (greedy LM drafts, top-k tree children, prompt
 lookup): the rule then tests the draft token itself, as vLLM's ``draft_probs=None``.
@@ -35,6 +36,8 @@ class Proposer(Protocol):
     rows_hint: int                     # tokens one target forward scores per row (CPU fast-path hint)
     forward_s: float
 
+    @classmethod
+    def make(cls, method, drafter, cfg, tree=None) -> "Proposer": ...
     def reset(self, batch_size: int) -> None: ...
     def start(self, row: int, prompt: list[int], hidden=None) -> None: ...
     def propose(self, rows, most: list[int]) -> list[Proposal]: ...

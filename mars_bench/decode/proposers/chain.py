@@ -25,6 +25,10 @@ class LMChain:
         self.draft, self.most, self.p_min, self.cfg = as_backend(draft), k, p_min, cfg
         self.rows_hint = k + 1
 
+    @classmethod
+    def make(cls, method, drafter, cfg, tree=None) -> "LMChain":
+        return cls(drafter, method.k, method.p_min, cfg)
+
     @property
     def forward_s(self) -> float:
         return self.draft.forward_s

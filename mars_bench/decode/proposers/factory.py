@@ -1,18 +1,11 @@
-"""The one place that maps a ``Method`` to its proposer (``ar`` has none). A new way of drafting is a module
-of this package implementing ``base.Proposer`` plus one branch here."""
+"""A ``Method``'s proposer, as its drafting scheme declares it (``decode.drafting``; ``ar`` has none)."""
 from __future__ import annotations
 
-from .chain import LMChain
-from .lookup import PromptLookup
-from .tree import TreeProposer
+from ..drafting import scheme_of
 
 
 def make_proposer(method, draft, cfg, tree=None):
-    """The proposer of ``method`` (None for ar); ``draft``: the draft model or EAGLE-3 drafter."""
-    if method.name == "ar":
-        return None
-    if method.name == "sd":
-        return LMChain(draft, method.k, method.p_min, cfg)
-    if method.name == "lookup":
-        return PromptLookup(method.k, **method.options)
-    return TreeProposer(draft, tree, method, cfg)
+    """The proposer of ``method`` (None for a scheme without one: ar); ``draft``: the drafter its scheme declares
+    (the draft model, or a head such as the EAGLE-3 drafter)."""
+    proposer = scheme_of(method.name).proposer
+    return None if proposer is None else proposer.make(method, draft, cfg, tree)

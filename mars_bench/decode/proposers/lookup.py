@@ -17,6 +17,10 @@ class PromptLookup:
         self.most, self.rows_hint, self.ngram = k, k + 1, (max_ngram, min_ngram)
         self.index: list[NgramIndex] = []
 
+    @classmethod
+    def make(cls, method, drafter, cfg, tree=None) -> "PromptLookup":
+        return cls(method.k, **method.options)
+
     def reset(self, batch_size: int) -> None:
         self.index = [None] * batch_size
 

@@ -14,7 +14,7 @@ class TreeProposer:
 
     def __init__(self, draft, spec: TreeSpec | None, method, cfg):
         if draft is None:
-            raise ValueError(f"method {method.name!r} needs a draft model or an EAGLE-3 head")
+            raise ValueError(f"method {method.name!r} needs a draft model or a drafting head")
         self.spec = spec if spec is not None else TreeSpec.from_method(method)
         self.base, self.cfg = as_drafter(draft), cfg
         self.needs_hidden = self.base.needs_hidden
@@ -24,6 +24,10 @@ class TreeProposer:
         self.rows: list = []
         self.forward_s = 0.0
         self.base.expect(self.spec.top_k if self.spec.static_paths is None else _widest(self.spec))
+
+    @classmethod
+    def make(cls, method, drafter, cfg, tree=None) -> "TreeProposer":
+        return cls(drafter, tree, method, cfg)
 
     def reset(self, batch_size: int) -> None:
         self.rows = [None] * batch_size
