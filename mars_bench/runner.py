@@ -24,7 +24,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from . import config as C
-from .engines import validate as validate_engine
+from . import engines
 from .provenance import machine, machine_label
 from .recordbuild import job_fields, sample_record, sample_seed, turn_record
 from .sample_writer import SampleWriter
@@ -49,7 +49,7 @@ def prepare(cfg):
     from .tasks.data import DataError
 
     C.validate(cfg)
-    validate_engine(cfg)      # what the engine can run; engine=vllm: its version into engine.version (the spec)
+    engines.validate(cfg)     # what the engine can run; engine=vllm: its version into engine.version (the spec)
     text = system_prompt_text(cfg.protocol.system_prompt)   # none: the task's own (no system message)
     overrides = {} if text is None else {"system_prompt": text}
     data_dir = os.environ.get("MARS_BENCH_DATA_DIR") or cfg.data_dir
@@ -439,11 +439,9 @@ def _write(job: Job, sample, record: dict, logger) -> None:
 class Models:
     """The model pair (and the drafting heads the methods' schemes declare), loaded once for every method of a run."""
 
-    def __new__(cls, cfg, methods):   # engine=vllm: vLLM decodes the samples (engines/vllm.py), same records
-        if (cfg.get("engine") or {}).get("name", "native") == "vllm":
-            from .engines.vllm import VllmModels
-
-            return VllmModels(cfg, methods)
+    def __new__(cls, cfg, methods):   # another engine (e.g. vllm) decodes the samples: engines.models, same records
+        if (cfg.get("engine") or {}).get("name", engines.NATIVE) != engines.NATIVE:
+            return engines.models(cfg, methods)
         return super().__new__(cls)
 
     def __init__(self, cfg, methods):

@@ -1,27 +1,53 @@
-"""Engines: what decodes a job's samples. ``native`` is this package's own loop (``decode/``); ``vllm`` hands them
-to vLLM's offline ``LLM`` (``vllm.py``), with the rule registry inside vLLM's verification (``vllm_plugin.py``,
-``verify.py``); everything that depends on vLLM's version is in ``vllm_compat.py``. docs/vllm.md."""
+"""Engines: what decodes a job's samples. ``native`` is this package's own loop (``decode/``, run by
+``runner.Models``); every other engine is one module here, named as its ``conf/engine/<name>.yaml``: ``vllm``
+hands the samples to vLLM's offline ``LLM`` (``vllm.py``), with the rule registry inside vLLM's verification
+(``vllm_plugin.py``, ``verify.py``); everything that depends on vLLM's version is in ``vllm_compat.py``.
+docs/vllm.md.
+
+A new engine = ``engines/<name>.py`` + ``conf/engine/<name>.yaml`` + tests: the engines are the YAML files of
+``conf/engine/``, and the module of one provides
+
+    check(cfg) -> str            what it cannot run, refused in one line (ValueError), before any model loads;
+                                 returns the engine's version (recorded in ``engine.version``)
+    Models(cfg, methods)         the runner's ``Models`` for it: ``decode`` / ``decode_batched`` (same records)
+"""
 from __future__ import annotations
 
+import importlib
+from pathlib import Path
 from typing import Any
 
-ENGINES = ("native", "vllm")
+NATIVE = "native"
+CONF = Path(__file__).resolve().parent.parent / "conf" / "engine"
+
+
+def names() -> tuple[str, ...]:
+    """The engines, ``native`` first: one per ``conf/engine/*.yaml``."""
+    return (NATIVE, *sorted(p.stem for p in CONF.glob("*.yaml") if p.stem != NATIVE))
+
+
+def module(name: str):
+    """The module of a non-native engine (imported on use: its library is optional)."""
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def validate(cfg: Any) -> None:
     """What the chosen engine can run, after ``config.validate`` (one-line ``ConfigError``): native runs
-    everything the schema allows; vllm refuses what vLLM cannot run (``vllm.check``) and records its version in
-    ``engine.version``."""
+    everything the schema allows; another engine refuses what it cannot run (its ``check``), which also returns
+    its version, recorded in ``engine.version``."""
     from ..config import ConfigError
 
     e = cfg.get("engine")
-    if e is None or e.name == "native":
+    if e is None or e.name == NATIVE:
         return
-    if e.name not in ENGINES:
-        raise ConfigError(f"engine.name={e.name!r}; allowed: {', '.join(ENGINES)}")
-    from .vllm import check
-
+    if e.name not in names():
+        raise ConfigError(f"engine.name={e.name!r}; allowed: {', '.join(names())}")
     try:
-        e.version = check(cfg)
+        e.version = module(e.name).check(cfg)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def models(cfg: Any, methods):
+    """The ``Models`` of a non-native engine (``runner.Models`` dispatches here)."""
+    return module(cfg.engine.name).Models(cfg, methods)

@@ -118,7 +118,7 @@ def speculative_config(method, mcfg, draft_dir) -> dict | None:
     return None
 
 
-class VllmModels:
+class Models:
     """The runner's ``Models`` for engine=vllm: one ``LLM`` per drafting setup of the run's methods (ar, sd, ...),
     built when first needed and kept; ``decode`` / ``decode_batched`` as ``runner.Models``."""
 
