@@ -14,8 +14,13 @@ from mars_bench.report.docs import markers, section, write_results_md
 
 ROOT = Path(__file__).resolve().parent.parent
 PACK = ROOT / "results" / "study.tar.xz"
+PACKS = [PACK, *sorted((ROOT / "results" / "study").glob("*.tar.xz"))]   # make reproduce's and each shard's
 RESULTS_MD = ROOT / "docs" / "results.md"
 COMMAND = "mars-bench-report results/study.tar.xz --no-figures --results-md docs/results.md"
+
+
+def _command(pack: Path) -> str:
+    return f"mars-bench-report {pack.relative_to(ROOT)} --no-figures --results-md docs/results.md"
 
 
 @pytest.fixture(scope="module")
@@ -23,15 +28,17 @@ def generated() -> str:
     return section(PACK, COMMAND)
 
 
-def _between(text: str) -> str:
-    begin, end = markers(PACK)
+def _between(text: str, pack: Path = PACK) -> str:
+    begin, end = markers(pack)
     assert text.count(begin) == 1 and text.count(end) == 1, f"want one {begin!r} and one {end!r}"
     return text[text.index(begin) + len(begin):text.index(end)]
 
 
-def test_results_md_study_section_is_the_reports_reading_of_the_committed_records(generated):
-    assert _between(RESULTS_MD.read_text(encoding="utf-8")) == "\n" + generated + "\n", (
-        f"docs/results.md's study section is stale: regenerate it with `{COMMAND}`")
+@pytest.mark.parametrize("pack", PACKS, ids=lambda p: p.name)
+def test_results_md_study_section_is_the_reports_reading_of_the_committed_records(pack):
+    command = _command(pack)
+    assert _between(RESULTS_MD.read_text(encoding="utf-8"), pack) == "\n" + section(pack, command) + "\n", (
+        f"docs/results.md's section of {pack.name} is stale: regenerate it with `{command}`")
 
 
 def test_the_stamp_names_every_commit_and_machine_in_the_records(generated):
