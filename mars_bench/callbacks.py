@@ -3,7 +3,7 @@
 Hydra's basic sweeper only checks that each job's config *composes*; a value out of range
 (``method.theta=1.5``) would fail only when its job runs, possibly hours into a sweep. This callback
 expands the sweep exactly as the sweeper will (``hydra.sweeper.params`` + command-line overrides),
-composes each job's config and runs ``config.validate``, ``engines.validate`` and the task checks of
+composes each job's config and runs ``validation.validate``, ``engines.validate`` and the task checks of
 ``runner.prepare`` on it.
 The first bad value stops the multirun with a one-line error naming the job and the value (exit 2).
 
@@ -59,7 +59,7 @@ def sweep_jobs(config: DictConfig, loader=None) -> list[list[str]]:
 
 def validate_sweep(config: DictConfig, check_task: bool = True) -> int:
     """Compose and validate every job of the multirun described by ``config``; return the job count."""
-    from . import config as C
+    from .validation import validate
     from .engines import validate as validate_engine
 
     loader = _loader()
@@ -72,7 +72,7 @@ def validate_sweep(config: DictConfig, check_task: bool = True) -> int:
         except Exception as e:  # composition: unknown key, unknown group option, type error
             raise SweepError(f"{label}: {_one_line(e)}") from None
         try:
-            C.validate(cfg)
+            validate(cfg)
             validate_engine(cfg)
             key = (cfg.task.name, cfg.protocol.system_prompt, cfg.protocol.task_prompts, cfg.subset, cfg.limit,
                    cfg.data_dir)

@@ -14,6 +14,8 @@ import hydra
 from omegaconf import DictConfig
 
 from . import config as C
+from .errors import ConfigError
+from .overrides import check_overrides
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")   # shipped as package data
 C.register()
@@ -23,16 +25,18 @@ def bad_input_errors() -> tuple:
     from .models.pairs import TokenizerMismatch
     from .tasks.data import DataError
 
-    return C.ConfigError, DataError, TokenizerMismatch
+    return ConfigError, DataError, TokenizerMismatch
 
 
 def run_or_exit(cfg):
-    """``runner.run``; bad input and storage errors end the process with one line, bugs propagate."""
+    """``runner.run``, or ``study_mode.run_study`` for a study (``study.batch_size`` > 0); bad input and storage
+    errors end the process with one line, bugs propagate."""
     from .locking import StorageError
     from .runner import run
+    from .study_mode import run_study
 
     try:
-        return run(cfg)
+        return (run_study if cfg.study.batch_size else run)(cfg)
     except StorageError as e:         # full disk / read-only results: one line naming the path, exit 1
         print(f"mars-bench: error: {e}", file=sys.stderr)
         sys.exit(1)
@@ -55,8 +59,8 @@ def main() -> None:
 def _checked_main() -> None:
     """Overrides Hydra would refuse in several lines (bad syntax, type, group option): one line, exit 2."""
     try:
-        C.check_overrides(sys.argv[1:])
-    except C.ConfigError as e:
+        check_overrides(sys.argv[1:])
+    except ConfigError as e:
         print(f"mars-bench: error: {e}", file=sys.stderr)
         sys.exit(2)
     _hydra_main()

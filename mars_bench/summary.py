@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from . import metrics as M
 from . import records as R
 from . import stats as S
-from .config import draft_quant_of
+from .decode_settings import draft_quant_of
 from .provenance import manifest
 from .storage import atomic_write_json
 from .tags import read_spec

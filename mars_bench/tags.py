@@ -122,23 +122,24 @@ class RunSpec:
     def from_config(cls, cfg, max_new: int, task_prompts: str = "ours") -> "RunSpec":
         """``task_prompts``: the task's ``prompts`` option as the runner applied it (ours for tasks without it).
         The model identity (``models.identity.pair_identity``) is computed here, before any weight loads."""
-        from . import config as C
+        from .decode_settings import draft_quant_of, method_of
+        from .errors import ConfigError
         from .models.identity import IdentityError, pair_identity
 
-        m = C.method_of(cfg)
+        m = method_of(cfg)
         s = m.scheme                # what it drafts with and the shape of its drafts (decode.drafting)
         tree = None
         if s.tree:
             paths = m.tree.get("static_paths")
             tree = (f"paths{hashlib.sha1(str([list(p) for p in paths]).encode()).hexdigest()[:8]}" if paths is not None
                     else f"d{m.tree['depth']}-w{m.tree['top_k']}-t{m.tree['total_tokens']}")
-        quant = C.draft_quant_of(cfg)
+        quant = draft_quant_of(cfg)
         engine = cfg.get("engine") or {}
         try:   # the weights the engine runs (vLLM's tiny pair has another shape)
             model, draft_model = pair_identity(cfg.model, uses_draft=s.draft_lm, head=s.head.key if s.head else None,
                                                engine=engine.get("name", "native"))
         except IdentityError as e:
-            raise C.ConfigError(str(e)) from None
+            raise ConfigError(str(e)) from None
         return cls(scheme=m.name, rule=m.rule if m.speculative else "exact", temperature=float(cfg.temperature),
                    top_p=float(cfg.top_p), max_new_tokens=int(max_new), seed=int(cfg.seed),
                    k=m.k if not s.tree and s.speculative else None, tree=tree,

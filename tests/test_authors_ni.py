@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 from scipy import stats as sps
 
+from mars_bench.errors import ConfigError
 from mars_bench import metrics as M
 from mars_bench import stats as S
 from mars_bench.storage import read_samples
@@ -79,15 +80,15 @@ def test_ni_settings_knob():
 
 
 def test_ni_margin_from_the_command_line():
-    from mars_bench import config as C
+    from mars_bench.validation import validate
 
     from .test_cli import cfg_of
 
     cfg = cfg_of("model=tiny", "stats.ni_margin=0.05")
-    C.validate(cfg)
+    validate(cfg)
     assert S.StatsSettings.from_cfg(cfg).ni_margin == 0.05
-    with pytest.raises(C.ConfigError, match=r"^stats.ni_margin=2; allowed: a number in \(0, 1\)$"):
-        C.validate(cfg_of("model=tiny", "stats.ni_margin=2"))
+    with pytest.raises(ConfigError, match=r"^stats.ni_margin=2; allowed: a number in \(0, 1\)$"):
+        validate(cfg_of("model=tiny", "stats.ni_margin=2"))
 
 
 def _scores(n, shift, seed):

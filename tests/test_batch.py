@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from mars_bench.errors import ConfigError
 from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.decode.backend import check_memory
 from mars_bench.decode.engine import Batch, Request
@@ -202,15 +203,16 @@ def test_batch_size_is_checked_and_trees_batch():
     from hydra import compose, initialize_config_dir
 
     from mars_bench import config as C
+    from mars_bench.validation import validate
 
     C.register()
     from .conftest import ROOT
     with initialize_config_dir(config_dir=str(ROOT / "mars_bench" / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["model=tiny", "method=sd", "batch_size=0"])
-        with pytest.raises(C.ConfigError, match="batch_size=0; allowed: an integer >= 1"):
-            C.validate(cfg)
+        with pytest.raises(ConfigError, match="batch_size=0; allowed: an integer >= 1"):
+            validate(cfg)
         for method in ("mars", "sd_tree", "mars_tree", "lookup"):
-            C.validate(compose(config_name="config", overrides=["model=tiny", f"method={method}", "batch_size=4"]))
+            validate(compose(config_name="config", overrides=["model=tiny", f"method={method}", "batch_size=4"]))
 
 
 def test_run_tag_batch_part():

@@ -15,6 +15,8 @@ from hydra.core.hydra_config import HydraConfig
 
 from mars_bench import bench as B
 from mars_bench import config as C
+from mars_bench.decode_settings import method_of
+from mars_bench.validation import validate
 
 from .conftest import ROOT, data_dir
 
@@ -64,13 +66,13 @@ def test_compare_bench_composes_and_validates(hydra_ctx, task, monkeypatch):
 
     monkeypatch.setenv("MARS_BENCH_DATA_DIR", str(data_dir()))
     cfg, vs = variants(["+compare=bench", f"task={task}", "limit=5", "max_new_tokens=48"])
-    C.validate(cfg)
+    validate(cfg)
     assert cfg.model.dtype == "bf16" and cfg.model.source == "embedded"   # the embedded default pair
     assert len(vs) == len(EXPECTED)
     dirs = []
     for v, (name, scheme, k, rule, p_min, tree), theta in zip(vs, EXPECTED, THETAS):
-        C.validate(v)
-        m = C.method_of(v)
+        validate(v)
+        m = method_of(v)
         assert (v.method.name, m.name, v.task.name, v.limit, v.max_new_tokens) == (name, scheme, task, 5, 48)
         assert v.temperature == 0.0 and v.model.dtype == "bf16"
         if k is not None:
@@ -91,12 +93,12 @@ def test_compare_bench_composes_and_validates(hydra_ctx, task, monkeypatch):
 @pytest.mark.parametrize("task", B.TASKS)
 def test_compare_bench_batch_composes_and_validates(hydra_ctx, task):
     cfg, vs = variants(["+compare=bench_batch", f"task={task}", "batch_size=4"])
-    C.validate(cfg)
-    assert [(C.method_of(v).name, C.method_of(v).k, v.batch_size) for v in vs] == [("ar", 4, 4), ("sd", 4, 4),
+    validate(cfg)
+    assert [(method_of(v).name, method_of(v).k, v.batch_size) for v in vs] == [("ar", 4, 4), ("sd", 4, 4),
                                                                                    ("sd", 4, 4)]
     for v in vs:
-        C.validate(v)
-    assert C.method_of(vs[2]).rule_kwargs["theta"] == 0.9
+        validate(v)
+    assert method_of(vs[2]).rule_kwargs["theta"] == 0.9
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 
 from mars_bench import bench as B
 from mars_bench import config as C
+from mars_bench.decode_settings import method_of
 from mars_bench.models import quant
 
 from .conftest import ROOT, data_dir
@@ -38,8 +39,8 @@ def test_interleave_list_composes_to_the_swept_methods():
                                            bd.entries([4, 6], [8], [["method=lookup"]])], return_hydra_config=True)
         HydraConfig.instance().set_config(cfg)
         vs = variant_configs(cfg)
-    got = [(C.method_of(v).name, C.method_of(v).k if v.method.name != "ar" else None,
-            C.method_of(v).rule_kwargs.get("theta")) for v in vs]
+    got = [(method_of(v).name, method_of(v).k if v.method.name != "ar" else None,
+            method_of(v).rule_kwargs.get("theta")) for v in vs]
     assert got == [("ar", None, None), ("sd", 4, None), ("sd", 6, None), ("sd", 8, 0.9), ("lookup", 4, None)]
     assert {(v.model.draft_quant, v.model.draft_vocab) for v in vs} == {("q4", 32768)}
 

@@ -10,6 +10,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from mars_bench import config as C
+from mars_bench.errors import ConfigError
+from mars_bench.validation import validate
 from mars_bench import runner as R
 from mars_bench.models import fastpath
 from mars_bench.models.pairs import TokenizerMismatch, check_tokenizers
@@ -34,7 +36,7 @@ def tiny_cfg(tmp, *extra):
 def test_default_config_is_the_embedded_pair():
     cfg = cfg_of()
     assert cfg.model.source == "embedded" and cfg.model.target == "qwen2.5-coder-1.5b-instruct"
-    C.validate(cfg)
+    validate(cfg)
 
 
 @pytest.mark.parametrize("override,needle", [
@@ -48,7 +50,7 @@ def test_default_config_is_the_embedded_pair():
 ])
 def test_bad_values_one_line_error(tmp_path, override, needle):
     cfg = tiny_cfg(tmp_path / "r", override)
-    with pytest.raises(C.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         R.prepare(cfg)
     msg = str(e.value)
     assert needle in msg and "allowed" in msg and "\n" not in msg
@@ -58,15 +60,15 @@ def test_bad_values_one_line_error(tmp_path, override, needle):
 @pytest.mark.parametrize("override", ["method.theta=abc", "rule.theta=abc", "rule.theta=nan"])
 def test_theta_not_a_number_is_refused(override):
     """Rule settings are typed by their registration (mars_bench/decode/rules), so the check is ours."""
-    with pytest.raises(C.ConfigError, match=r"theta=.*; allowed: a number in \(0, 1\]"):
+    with pytest.raises(ConfigError, match=r"theta=.*; allowed: a number in \(0, 1\]"):
         R.prepare(tiny_cfg("/nonexistent", override))
 
 
 def test_unknown_key_fails_loudly():
     with pytest.raises(Exception, match="thetta"):
         tiny_cfg("/nonexistent", "method.thetta=0.5")
-    with pytest.raises(C.ConfigError, match="unknown key method.thetta; allowed: name, k"):
-        C.validate(tiny_cfg("/nonexistent", "+method.thetta=0.5"))
+    with pytest.raises(ConfigError, match="unknown key method.thetta; allowed: name, k"):
+        validate(tiny_cfg("/nonexistent", "+method.thetta=0.5"))
 
 
 def _save_tiny(tmp, mutate_vocab=False):

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from mars_bench.errors import ConfigError
 from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.models import fastpath
 from mars_bench.models.adapter import CausalLMAdapter
@@ -74,6 +75,7 @@ def test_draft_quant_config_and_results_path(tmp_path):
     from omegaconf import OmegaConf
 
     from mars_bench import config as C
+    from mars_bench.validation import validate
     from mars_bench.tags import RunSpec
 
     def run_tag(cfg, n):
@@ -82,13 +84,13 @@ def test_draft_quant_config_and_results_path(tmp_path):
     cfg = OmegaConf.structured(C.Config)
     cfg.method.name = "mars"
     cfg.model.draft_quant = "int4"
-    with pytest.raises(C.ConfigError, match=r"model.draft_quant=.int4.; allowed: none, int8, q8, q4"):
-        C.validate(cfg)
+    with pytest.raises(ConfigError, match=r"model.draft_quant=.int4.; allowed: none, int8, q8, q4"):
+        validate(cfg)
     cfg.model.draft_quant, cfg.model.device = "int8", "cuda"
-    with pytest.raises(C.ConfigError, match="CPU only"):
-        C.validate(cfg)
+    with pytest.raises(ConfigError, match="CPU only"):
+        validate(cfg)
     cfg.model.device = "cpu"
-    C.validate(cfg)
+    validate(cfg)
     cfg.method.name = "sd"
     assert run_tag(cfg, 16).endswith("-draftint8row-T0-p1-n16-s0")   # per-row scales; "draftint8" = older per-call
     cfg.method.name = "ar"

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from mars_bench.errors import ConfigError
 from mars_bench import config as C
+from mars_bench.decode_settings import draft_quant_of, method_of
+from mars_bench.validation import validate
 from mars_bench import runner as R
 from mars_bench.decode import drafting
 from mars_bench.decode.drafters import as_drafter
@@ -52,20 +55,20 @@ def _cfg(tmp_path, *extra):
 
 def test_a_scheme_declared_once_is_validated_and_named(tmp_path, self_draft):
     cfg = _cfg(tmp_path)
-    with pytest.raises(C.ConfigError) as e:            # its head's model key, from the declaration
-        C.validate(cfg)
+    with pytest.raises(ConfigError) as e:            # its head's model key, from the declaration
+        validate(cfg)
     assert str(e.value) == "method.name=selfdraft needs model.eagle3 (a test head: a directory)"
     cfg.model.eagle3 = _head_dir(tmp_path)
-    C.validate(cfg)
-    assert C.draft_quant_of(cfg) is None               # no draft LM: no draft quantization
+    validate(cfg)
+    assert draft_quant_of(cfg) is None               # no draft LM: no draft quantization
     spec = RunSpec.from_config(cfg, 10)
     assert (spec.scheme, spec.k, spec.tree, spec.p_min) == ("selfdraft", None, "d3-w3-t10", 0.0)
     assert list(spec.draft_model) == ["eagle3"] and spec.draft_model["eagle3"].startswith("dir:")
     assert spec.label.startswith("selfdraft-d3-w3-t10-") and RunSpec.parse(spec.label).tree == "d3-w3-t10"
-    assert R._tokens_per_step(C.method_of(cfg)) == 10  # a tree: its size, not k + 1
+    assert R._tokens_per_step(method_of(cfg)) == 10  # a tree: its size, not k + 1
     cfg.method.name = "nodraft"
-    with pytest.raises(C.ConfigError, match="allowed: ar, sd, lookup, sd_tree, eagle3, selfdraft, mars"):
-        C.validate(cfg)
+    with pytest.raises(ConfigError, match="allowed: ar, sd, lookup, sd_tree, eagle3, selfdraft, mars"):
+        validate(cfg)
 
 
 def test_the_runner_loads_and_drafts_with_a_declared_head(tmp_path, self_draft):

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from mars_bench import config as C
+from mars_bench.errors import ConfigError
+from mars_bench.validation import validate
 from mars_bench import engines
 from mars_bench import runner as R
 from mars_bench.tags import read_spec
@@ -25,8 +26,8 @@ def test_the_engines_are_the_yaml_files_native_first():
 def test_an_engine_without_a_yaml_is_refused_in_one_line(tmp_path):
     cfg = tiny_cfg(tmp_path, "method=ar", "task=gsm8k", "limit=1")
     cfg.engine.name = "nope"
-    C.validate(cfg)                                       # the schema leaves engine.name to the engines
-    with pytest.raises(C.ConfigError) as e:
+    validate(cfg)                                       # the schema leaves engine.name to the engines
+    with pytest.raises(ConfigError) as e:
         engines.validate(cfg)
     assert str(e.value) == f"engine.name='nope'; allowed: {', '.join(engines.names())}"
 
@@ -80,7 +81,7 @@ def test_an_engine_declared_by_its_module_and_yaml_runs_and_is_recorded(tmp_path
 def test_what_an_engine_cannot_run_is_refused_in_one_line(tmp_path, fake_engine):
     cfg = tiny_cfg(tmp_path, "method=sd", "task=gsm8k", "limit=1", "temperature=1.0")
     cfg.engine.name = "fake"
-    with pytest.raises(C.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         R.run(cfg)
     assert str(e.value) == "temperature=1.0 cannot run on engine=fake; allowed: 0"
     assert not fake_engine and not (tmp_path / "tiny_fp32_cpu").exists()

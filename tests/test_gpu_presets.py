@@ -7,6 +7,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from mars_bench import config as C
+from mars_bench.validation import validate
 from mars_bench import runner
 from mars_bench.errors import ConfigError
 from mars_bench.models.pairs import capture
@@ -32,7 +33,7 @@ def test_gpu_presets_are_interleaved_not_swept(hydra_ctx, name):
     assert all(e[0] == "method=mars" for e in entries[2:])
     assert not cfg.hydra.sweeper.params            # one process, one load, every method in turn
     assert cfg.model.device == "cuda" and cfg.model.capture == "off" and cfg.model.allow_offload is False
-    C.validate(cfg)
+    validate(cfg)
 
 
 def test_warm_up_decodes_each_method_briefly_and_restores_the_budget():

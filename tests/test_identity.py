@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from mars_bench import runner
+from mars_bench import runner, study_mode
 from mars_bench.storage import atomic_write_text
 
 
@@ -24,12 +24,12 @@ RECORD = {"turns": [turn(list(range(8)), [2, 4], "AAXAAAA", Z1, Z2), turn([1, 2]
 @pytest.mark.parametrize("pos,gap", [(0, 4.0), (1, 2.0), (2, 0.5), (3, 8.0), (5, 0.5), (7, None), (8, 0.5),
                                      (9, None)])
 def test_logit_gap_walks_steps_to_the_committed_token(pos, gap):
-    assert runner.logit_gap(RECORD, pos) == gap
+    assert study_mode.logit_gap(RECORD, pos) == gap
 
 
 def test_logit_gap_of_a_tree_step_with_a_relaxed_acceptance():
     rec = {"turns": [turn([7, 8, 9], [2], "ARX", [3.0, 2.0, 1.25], [1.0, 1.9, 1.0])]}
-    assert [runner.logit_gap(rec, p) for p in range(3)] == [2.0, 0.1, 0.25]
+    assert [study_mode.logit_gap(rec, p) for p in range(3)] == [2.0, 0.1, 0.25]
 
 
 def _job(tmp_path, name):
@@ -41,13 +41,13 @@ def _job(tmp_path, name):
 
 
 def test_row_invariant_backend_raises_and_others_record_the_mismatch(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "tokens_are_ars", lambda cfg: True)
+    monkeypatch.setattr(study_mode, "tokens_are_ars", lambda cfg: True)
     per = {"a": {"identical": True, "first_divergence": None}, "b": {"identical": False, "first_divergence": 2}}
     job = _job(tmp_path, "sd")
-    with pytest.raises(runner.StudyError, match="1 of 2 samples differ"):
-        runner._check_identity([job], [{"fidelity": {"per_sample": per}}], row_invariant=True)
+    with pytest.raises(study_mode.StudyError, match="1 of 2 samples differ"):
+        study_mode._check_identity([job], [{"fidelity": {"per_sample": per}}], row_invariant=True)
     summary = {"fidelity": {"per_sample": per}}
-    reports = runner._check_identity([job], [summary], row_invariant=False)
+    reports = study_mode._check_identity([job], [summary], row_invariant=False)
     want = {"compared": 2, "expected": 2, "mismatched": 1, "mismatch_rate": 0.5,
             "divergent": [{"sample": "b", "first_divergence": 2, "logit_gap": 0.5}]}
     assert reports == [want] and summary["identity"] == want
@@ -55,11 +55,11 @@ def test_row_invariant_backend_raises_and_others_record_the_mismatch(tmp_path, m
 
 
 def test_identical_samples_on_cuda_record_a_zero_rate(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "tokens_are_ars", lambda cfg: True)
+    monkeypatch.setattr(study_mode, "tokens_are_ars", lambda cfg: True)
     per = {"a": {"identical": True, "first_divergence": None}}
     job = _job(tmp_path, "sd")
     job.samples = ["a"]
-    (report,) = runner._check_identity([job], [{"fidelity": {"per_sample": per}}], row_invariant=False)
+    (report,) = study_mode._check_identity([job], [{"fidelity": {"per_sample": per}}], row_invariant=False)
     assert report["mismatch_rate"] == 0.0 and report["divergent"] == []
 
 

@@ -13,13 +13,16 @@ LAYERS = [
     {"provenance"},                   # git commit, versions, the machine (its CPU facts from models/)
     {"tasks"},
     {"stats", "records", "recordbuild", "metrics", "sample_writer"},
-    {"config"},                       # the schema and its checks
+    {"config"},                       # the schema and the constants bounding its values
+    {"decode_settings"},              # a config's Method, DecodeConfig, budget, draft quantization
+    {"validation", "overrides"},      # the checks of a composed config; overrides checked before Hydra composes
     {"tags"},                         # RunSpec, built from a config
     {"summary"},
     {"shards", "report"},
     {"wandb_logger"},
     {"engines"},                      # engines other than native (vLLM): hand a job's prompts over, get records
     {"runner"},
+    {"study_mode"},                   # study mode: drives the runner's jobs and interleaved path
     {"callbacks", "cli", "run", "cache_cli", "slurm", "bench", "__init__"},   # bench: the scripts' library
 ]
 

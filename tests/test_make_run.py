@@ -14,6 +14,8 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 from mars_bench import config as C
+from mars_bench.decode_settings import max_new_tokens_of
+from mars_bench.validation import validate
 from mars_bench.tasks import get_task
 
 from .conftest import ROOT, data_dir
@@ -32,7 +34,7 @@ def run_args() -> list[str]:
 def composed():
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=run_args())
-    C.validate(cfg)
+    validate(cfg)
     return cfg
 
 
@@ -41,7 +43,7 @@ def test_make_run_decodes_the_authors_wmt19_set_at_their_budget():
     assert (cfg.model.source, cfg.task.name, cfg.subset, cfg.temperature) == ("embedded", "wmt19_zh_en", "paper", 0)
     assert [list(x) for x in cfg.interleave] == [["method=ar"], ["method=sd"], ["method=mars"]]
     task = get_task(cfg.task.name)
-    budget = C.max_new_tokens_of(cfg, task.max_new_tokens)
+    budget = max_new_tokens_of(cfg, task.max_new_tokens)
     authors = yaml.safe_load((ROOT / "mars_bench" / "conf" / "protocol" / "authors.yaml").read_text())
     assert budget == authors["max_new_tokens"] == 512
     samples = task.load(data_dir(), limit=cfg.limit, subset=cfg.subset)

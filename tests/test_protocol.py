@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench import config as C
+from mars_bench.errors import ConfigError
+from mars_bench.decode_settings import max_new_tokens_of
+from mars_bench.overrides import check_overrides
+from mars_bench.validation import validate
 from mars_bench import runner as R
 from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.decode.generate import Request, generate_batch
@@ -48,14 +51,14 @@ def test_authors_protocol_settings_and_budgets():
     assert (ours.protocol.system_prompt, ours.protocol.budget, ours.protocol.task_prompts) == ("none", "exact", "ours")
     assert (authors.protocol.system_prompt, authors.protocol.budget, authors.protocol.task_prompts) == (
         "llama2", "after_step", "authors")
-    C.validate(authors)
+    validate(authors)
     wmt = get_task("wmt19_zh_en").max_new_tokens
-    assert C.max_new_tokens_of(ours, wmt) == wmt == 256
+    assert max_new_tokens_of(ours, wmt) == wmt == 256
     from mars_bench.tasks import TASKS
 
     for name in TASKS:   # eagenerate / naivegenerate's default budget, for every task
-        assert C.max_new_tokens_of(authors, get_task(name).max_new_tokens) == 512
-    assert C.max_new_tokens_of(cfg_of("protocol=authors", "max_new_tokens=64"), wmt) == 64   # the command wins
+        assert max_new_tokens_of(authors, get_task(name).max_new_tokens) == 512
+    assert max_new_tokens_of(cfg_of("protocol=authors", "max_new_tokens=64"), wmt) == 64   # the command wins
     assert cfg_of("model=qwen3_0.6b_32b").model.enable_thinking is False
     assert cfg_of().model.enable_thinking is None
 
@@ -189,7 +192,7 @@ def test_after_step_tree_commits_whole_steps(tiny, prompt_ids, spec):
 
 def test_unknown_budget_rule_is_refused():
     with pytest.raises(ValueError, match="budget='soft'; allowed: exact, after_step"):
-        DecodeConfig(budget="soft")
+        DecodeConfig(max_new_tokens=8, budget="soft")
 
 
 # ---- enable_thinking -----------------------------------------------------------------------------------
@@ -211,7 +214,7 @@ def test_enable_thinking_without_the_switch_fails_before_weights_load(tmp_path, 
         raise AssertionError("weights were built before the chat template was checked")
 
     monkeypatch.setattr(tiny, "tiny_pair", no_weights)
-    with pytest.raises(C.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         R.run(tiny_cfg(tmp_path / "r", "model.enable_thinking=false", "limit=1"))
     msg = str(e.value)
     assert "model.enable_thinking=false" in msg and "allowed" in msg and "\n" not in msg
@@ -257,8 +260,8 @@ def test_each_protocol_setting_changes_the_tag(tmp_path):
 
 # ---- bad input -----------------------------------------------------------------------------------------
 def test_unknown_protocol_is_one_line():
-    with pytest.raises(C.ConfigError, match=r"^protocol='theirs'; allowed: authors, ours$"):
-        C.check_overrides(["protocol=theirs"])
+    with pytest.raises(ConfigError, match=r"^protocol='theirs'; allowed: authors, ours$"):
+        check_overrides(["protocol=theirs"])
 
 
 @pytest.mark.parametrize("override,needle", [
@@ -268,7 +271,7 @@ def test_unknown_protocol_is_one_line():
     ("protocol.max_new_tokens=0", "protocol.max_new_tokens=0; allowed: an integer >= 1"),
 ])
 def test_bad_protocol_values_one_line(tmp_path, override, needle):
-    with pytest.raises(C.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         R.prepare(tiny_cfg(tmp_path / "r", override))
     assert str(e.value) == needle
     assert not (tmp_path / "r").exists()

@@ -6,7 +6,10 @@ import logging
 import pytest
 import torch
 
+from mars_bench.errors import ConfigError
 from mars_bench import config as C
+from mars_bench.decode_settings import draft_quant_of
+from mars_bench.validation import validate
 from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.models import panel, quant
 from mars_bench.models.adapter import CausalLMAdapter
@@ -150,16 +153,16 @@ def test_config_names_the_scheme_and_trimmed_vocabulary_in_the_run_tag():
     from mars_bench.tags import RunSpec
 
     cfg = _cfg(draft_quant="q4", draft_vocab=32768)
-    C.validate(cfg)
+    validate(cfg)
     tag = RunSpec.from_config(cfg, 16).label
     want = "q4g32" if quant.available() else "int8row"
     assert f"-draft{want}-dvocab32768-" in tag
     assert "dvocab" not in RunSpec.from_config(_cfg(draft_quant="q4"), 16).label
     for bad in (100, -1, 255):
-        with pytest.raises(C.ConfigError, match=r"^model.draft_vocab=.*; allowed: 0 \(the full vocabulary\) or an "
+        with pytest.raises(ConfigError, match=r"^model.draft_vocab=.*; allowed: 0 \(the full vocabulary\) or an "
                                                 r"integer >= 256$"):
-            C.validate(_cfg(draft_vocab=bad))
-    with pytest.raises(C.ConfigError, match="allowed: 0 or 256 .. 258"):
+            validate(_cfg(draft_vocab=bad))
+    with pytest.raises(ConfigError, match="allowed: 0 or 256 .. 258"):
         draft_vocab_ids(tiny_tokenizer(), 259, 259)
 
 
@@ -170,7 +173,7 @@ def test_without_vnni_q4_falls_back_to_int8_in_one_line_and_says_so(monkeypatch,
     monkeypatch.setattr(quant, "_state", {"why": "CPU 'test' lacks avx512_vnni"})
     assert not quant.available()
     cfg = _cfg(draft_quant="q4")
-    assert C.draft_quant_of(cfg) == "int8row" and "-draftint8row-" in RunSpec.from_config(cfg, 16).label
+    assert draft_quant_of(cfg) == "int8row" and "-draftint8row-" in RunSpec.from_config(cfg, 16).label
     with caplog.at_level(logging.WARNING):
         assert pairs._quantize_draft("q4") == "int8"
     assert [r.getMessage() for r in caplog.records] == [

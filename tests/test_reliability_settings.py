@@ -19,7 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from mars_bench.errors import ConfigError
 from mars_bench import config as C
+from mars_bench.overrides import check_overrides
 from mars_bench import runner as R
 
 from .conftest import ROOT, data_dir
@@ -41,7 +43,7 @@ def _base(task: str = "prompts"):
 def outcome(arg: str, results, task: str = "prompts") -> str | None:
     """None when the setting is accepted (the run would start), else the one-line error the CLI prints."""
     try:
-        C.check_overrides([arg])
+        check_overrides([arg])
         o = OverridesParser.create().parse_overrides([arg])[0]
         cfg = OmegaConf.create(OmegaConf.to_container(_base(task)))
         OmegaConf.set_struct(cfg, True)
@@ -53,7 +55,7 @@ def outcome(arg: str, results, task: str = "prompts") -> str | None:
         else:
             OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
         R.prepare(cfg)
-    except (C.ConfigError, ValueError) as e:   # what the CLI turns into "mars-bench: error: <e>"
+    except (ConfigError, ValueError) as e:   # what the CLI turns into "mars-bench: error: <e>"
         return str(e)
     return None
 

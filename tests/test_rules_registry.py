@@ -111,7 +111,7 @@ def test_generate_refuses_undefined_modes_before_decoding():
 
     for method, temperature in ((Method("sd", rule="topk_delta"), 1.0), (Method("sd_tree", rule="fly"), 0.0)):
         with pytest.raises(ValueError, match=f"rule={method.rule} is not defined for"):
-            generate(Boom(), Boom(), None, [1], method, DecodeConfig(temperature=temperature))
+            generate(Boom(), Boom(), None, [1], method, DecodeConfig(max_new_tokens=8, temperature=temperature))
 
 
 @pytest.mark.parametrize("name", list(RULES))

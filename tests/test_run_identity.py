@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mars_bench import config as C
+from mars_bench.errors import ConfigError
 from mars_bench import runner as R
 from mars_bench.models import identity as I
 from mars_bench.tags import SPEC_FILE, RunSpec, read_spec
@@ -90,7 +90,7 @@ def test_a_directory_with_another_models_records_is_refused(tmp_path):
     forged = RunSpec.from_dict({**job.tag.to_dict(), "model": {**job.tag.model, "weights": "dir:0123456789abcdef"}})
     (job.run_dir / SPEC_FILE).write_text(json.dumps(forged.to_dict()))
     (job.run_dir / "samples.jsonl").write_text("")
-    with pytest.raises(C.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         R.run(cfg)
     msg = str(e.value)
     assert "records of other weights" in msg and "allowed" in msg and "\n" not in msg
@@ -167,7 +167,7 @@ def test_uncached_hub_id_offline_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     I.hub_revision.cache_clear()
     cfg = tiny_cfg(tmp_path / "r", "model.source=hf", "model.target=someone/not-cached-anywhere", "method=ar")
-    with pytest.raises(C.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         R.prepare(cfg) and R.Job(cfg)
     msg = str(e.value)
     assert "someone/not-cached-anywhere" in msg and "allowed" in msg and "\n" not in msg

@@ -134,13 +134,13 @@ def test_every_shard_command_composes_and_validates(hydra_ctx, name):
     entry included, before anyone spends hours on it."""
     from hydra import compose
 
-    from mars_bench import config as C
+    from mars_bench.validation import validate, validate_study
 
     for args in S.SHARDS[name].commands:
         cfg = compose("config", overrides=list(args))
-        C.validate(cfg)
+        validate(cfg)
         if cfg.study.batch_size:
-            C.validate_study(cfg)
+            validate_study(cfg)
             assert cfg.study.timed_min == cfg.study.timed_max and cfg.subset == "paper"
         for entry in cfg.interleave:
-            C.validate(compose("config", overrides=[*args, *entry]))
+            validate(compose("config", overrides=[*args, *entry]))

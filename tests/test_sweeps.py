@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from mars_bench import config as C
+from mars_bench.validation import validate
 from mars_bench.tags import read_spec
 
 from .rundirs import find_run
@@ -59,7 +60,7 @@ def test_every_config_composes_and_validates(hydra_ctx, override):
     extra += ["method=sd"] if override.startswith("rule=") else []   # the default method is the mars preset
     cfg = compose("config", overrides=[override, *extra], return_hydra_config=override.startswith("hydra/"))
     if not override.startswith("hydra/"):
-        C.validate(cfg)
+        validate(cfg)
     assert OmegaConf.is_config(cfg)
 
 
@@ -198,7 +199,7 @@ def test_every_compare_entry_composes_and_validates(hydra_ctx, override):
     tags = []
     for entry in base.interleave:
         cfg = compose("config", overrides=[override, *entry])
-        C.validate(cfg)
+        validate(cfg)
         tags.append(RunSpec.from_config(cfg, 64).dir_name)
     assert len(set(tags)) == len(tags) and tags[0].startswith("ar-")
 
@@ -208,6 +209,6 @@ def test_the_reproduce_full_studies_compose_and_validate_per_task(hydra_ctx, tas
     """make reproduce-full: study_theta on WMT19, study_methods on every other task, the paper's subsets."""
     experiment = "study_theta" if task == "wmt19_zh_en" else "study_methods"
     cfg = compose("config", overrides=[f"+experiment={experiment}", f"task={task}"])
-    C.validate(cfg)
+    validate(cfg)
     assert cfg.study.batch_size == 16 and cfg.subset == "paper" and cfg.batch_size == 1
     assert [list(e) for e in cfg.interleave][:2] == [["method=ar"], ["method=sd"]]

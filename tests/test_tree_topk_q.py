@@ -4,7 +4,9 @@ paper_trees experiment that uses it. The distributional checks are in test_tree_
 import pytest
 from hydra import compose, initialize_config_dir
 
+from mars_bench.errors import ConfigError
 from mars_bench import config as C
+from mars_bench.validation import validate
 from mars_bench import runner as R
 from mars_bench.tags import RunSpec
 
@@ -42,7 +44,7 @@ def test_tag_of_a_config_shows_qdraft_only_where_it_changes_outputs(temperature,
     """Greedy verification never reads q, so a greedy run with topk_q=draft is the greedy run."""
     cfg = cfg_of("model=tiny", "method=mars_tree", "method.topk_q=draft", f"temperature={temperature}",
                  f"method.children={children}")
-    C.validate(cfg)
+    validate(cfg)
     name = RunSpec.from_config(cfg, 8).label
     assert ("-qdraft-" in name) == part
     assert "-qdraft-" not in RunSpec.from_config(cfg_of("model=tiny", "method=mars_tree", f"temperature={temperature}"),
@@ -56,7 +58,7 @@ def test_tag_of_a_config_shows_qdraft_only_where_it_changes_outputs(temperature,
 def test_bad_topk_q_is_one_line_before_anything_runs(tmp_path, overrides, needle):
     cfg = cfg_of("model=tiny", "method=sd_tree", "temperature=1", f"results_dir={tmp_path / 'r'}",
                  f"data_dir={data_dir()}", *overrides)
-    with pytest.raises(C.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         R.prepare(cfg)
     assert needle in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "r").exists()
@@ -72,7 +74,7 @@ def test_paper_trees_experiment_entries(temperature):
     tags = []
     for entry in entries:
         v = cfg_of(*base, *entry)
-        C.validate(v)
+        validate(v)
         tags.append(RunSpec.from_config(v, 256))
     names = [t.label for t in tags]
     assert len(set(names)) == len(names)

@@ -23,11 +23,11 @@ def _cfg(*overrides):
 
 
 def _spec(*overrides):
-    from mars_bench import config as C
+    from mars_bench.validation import validate
     from mars_bench.tags import RunSpec
 
     cfg = _cfg(*overrides)
-    C.validate(cfg)
+    validate(cfg)
     return RunSpec.from_config(cfg, 32)
 
 

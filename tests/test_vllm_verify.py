@@ -14,6 +14,7 @@ import pytest
 import torch
 from scipy.stats import binomtest, chisquare
 
+from mars_bench.errors import ConfigError
 from mars_bench.decode import rules, sampling
 from mars_bench.engines import verify
 
@@ -207,25 +208,25 @@ def _cfg(*overrides):
         return compose(config_name="config", overrides=["model=tiny", "engine=vllm", *overrides])
 
 
-def _validate(C, cfg):
-    """What the runner checks before a job: the schema (config.validate), then the engine (engines.validate)."""
-    from mars_bench.engines import validate
+def _validate(cfg):
+    """What the runner checks before a job: the schema (validation.validate), then the engine (engines.validate)."""
+    from mars_bench import engines
+    from mars_bench.validation import validate
 
-    C.validate(cfg)
     validate(cfg)
+    engines.validate(cfg)
 
 
 def test_engine_vllm_without_vllm_names_the_install_command(monkeypatch):
-    from mars_bench import config as C
     from mars_bench.engines import vllm_compat
 
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: None)
-    with pytest.raises(C.ConfigError, match=r"^engine=vllm needs vLLM.*install it with: .*\.ci/vllm\.sh") as e:
-        _validate(C, _cfg("method=sd"))
+    with pytest.raises(ConfigError, match=r"^engine=vllm needs vLLM.*install it with: .*\.ci/vllm\.sh") as e:
+        _validate(_cfg("method=sd"))
     assert "\n" not in str(e.value)
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.31.1")
-    with pytest.raises(C.ConfigError, match=r"^vLLM 0\.31\.1 is installed; engine=vllm is tested on vLLM 0\.32\.0 only"):
-        _validate(C, _cfg("method=sd"))
+    with pytest.raises(ConfigError, match=r"^vLLM 0\.31\.1 is installed; engine=vllm is tested on vLLM 0\.32\.0 only"):
+        _validate(_cfg("method=sd"))
 
 
 @pytest.mark.parametrize("overrides,needle", [
@@ -242,26 +243,24 @@ def test_engine_vllm_without_vllm_names_the_install_command(monkeypatch):
     (["method=sd", "engine.gpu_memory_utilization=1.5"], r"engine.gpu_memory_utilization=1.5; allowed: a number in"),
 ])
 def test_engine_vllm_refuses_what_vllm_cannot_run(monkeypatch, overrides, needle):
-    from mars_bench import config as C
     from mars_bench.engines import vllm_compat
 
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.32.0+cpu")
-    with pytest.raises(C.ConfigError, match=needle) as e:
-        _validate(C, _cfg(*overrides))
+    with pytest.raises(ConfigError, match=needle) as e:
+        _validate(_cfg(*overrides))
     assert "\n" not in str(e.value)
 
 
 def test_engine_vllm_accepts_chains_and_records_the_version(monkeypatch):
-    from mars_bench import config as C
     from mars_bench.engines import vllm_compat
     from mars_bench.tags import RunSpec
 
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.32.0+cpu")
     for method in ("ar", "sd", "mars", "lookup"):
         cfg = _cfg(f"method={method}")
-        _validate(C, cfg)
+        _validate(cfg)
         spec = RunSpec.from_config(cfg, 32)
         assert (spec.engine, spec.engine_version) == ("vllm", "0.32.0+cpu")
         native = _cfg(f"method={method}", "engine=native")
-        _validate(C, native)
+        _validate(native)
         assert RunSpec.from_config(native, 32).dir_name != spec.dir_name   # never one directory

@@ -43,7 +43,8 @@ def resolve(name: str, rule: str | None) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    max_new_tokens: int = 128       # hard cap on emitted tokens, for every method
+    max_new_tokens: int             # hard cap on emitted tokens, for every method (the runner passes the
+    #                                 RunSpec's budget; no default of its own)
     temperature: float = 0.0        # 0 = greedy
     top_p: float = 1.0              # nucleus filtering of p_target and q_draft (sampling only)
     eos_ids: tuple[int, ...] = ()   # stop after emitting any of these (kept in the output)

@@ -32,10 +32,10 @@ def module(name: str):
 
 
 def validate(cfg: Any) -> None:
-    """What the chosen engine can run, after ``config.validate`` (one-line ``ConfigError``): native runs
+    """What the chosen engine can run, after ``validation.validate`` (one-line ``ConfigError``): native runs
     everything the schema allows; another engine refuses what it cannot run (its ``check``), which also returns
     its version, recorded in ``engine.version``."""
-    from ..config import ConfigError
+    from ..errors import ConfigError
 
     e = cfg.get("engine")
     if e is None or e.name == NATIVE:

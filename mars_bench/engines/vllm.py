@@ -31,7 +31,7 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 def check(cfg) -> str:
     """Everything engine=vllm refuses, before any model loads: one-line ValueError; returns vLLM's version."""
-    from .. import config as C
+    from ..decode_settings import method_of
 
     e = cfg.engine
     for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs", "max_model_len"):
@@ -46,7 +46,7 @@ def check(cfg) -> str:
             raise ValueError(f"engine.{name}={e[name]!r}; allowed: a number in (0, "
                              f"{1 if name == 'gpu_memory_utilization' else 1024}]")
     version = vllm_compat.check_version()
-    m = C.method_of(cfg)
+    m = method_of(cfg)
     if m.name not in SCHEMES:
         raise ValueError(f"method={cfg.method.name} (draft trees) cannot run on engine=vllm; allowed: ar, sd, mars, "
                          "lookup, eagle3, eagle3_mars (vLLM verifies chains)")
@@ -276,7 +276,7 @@ def build_llm(cfg, target_dir: str, spec: dict | None, audit_dir: str):
     try:
         return LLM(**kwargs)
     except ValueError as err:   # vLLM's validation, e.g. tensor_parallel_size larger than the visible devices
-        from ..config import ConfigError
+        from ..errors import ConfigError
 
         first = " ".join(str(err).split())[:300]
         raise ConfigError(f"vLLM refused the engine settings: {first}") from err
