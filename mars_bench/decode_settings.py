@@ -35,10 +35,11 @@ def rule_settings(cfg: Any, rule_name: str) -> dict:
         raise ConfigError(str(e)) from None
 
 
-def draft_quant_of(cfg: Any) -> Optional[str]:
+def draft_quant_of(cfg: Any, method: Optional[Method] = None) -> Optional[str]:
     """The draft quantization that runs, for methods that draft with the pair's draft model; None for the others.
-    q4 / q8 where their kernel cannot run (no AVX512-VNNI, no compiler) run int8, and say so here."""
-    if not method_of(cfg).scheme.draft_lm:
+    q4 / q8 where their kernel cannot run (no AVX512-VNNI, no compiler) run int8, and say so here. ``method``:
+    ``method_of(cfg)`` when the caller holds it (else computed)."""
+    if not (method or method_of(cfg)).scheme.draft_lm:
         return None
     from .models.quant import runs_as
 

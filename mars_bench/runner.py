@@ -75,11 +75,13 @@ class Job:
     def __init__(self, cfg, interleaved: bool = False, phase: str | None = None):
         self.cfg, self.interleaved, self.phase = cfg, interleaved, phase
         self.task, self.samples, self.data_dir, self.max_new, self.task_dir = prepare(cfg)
-        self.tag = RunSpec.from_config(cfg, self.max_new, task_prompts=self.task.options.get("prompts", "ours"))
+        self.method = method_of(cfg)                          # once per job; the spec and records take it
+        self.draft_quant = draft_quant_of(cfg, self.method)
+        self.tag = RunSpec.from_config(cfg, self.max_new, task_prompts=self.task.options.get("prompts", "ours"),
+                                       method=self.method, draft_quant=self.draft_quant)
         self.run_dir = self.task_dir / self.tag.dir_name
         self._check_owner()
-        self.method = method_of(cfg)
-        self.fields = job_fields(self.tag, self.task, cfg.model.name, draft_quant_of(cfg), interleaved, phase)
+        self.fields = job_fields(self.tag, self.task, cfg.model.name, self.draft_quant, interleaved, phase)
         self.writer = SampleWriter(self.run_dir / "samples.jsonl", on_start=self.write_spec)
         self.todo = {s.id for s in self.samples if s.id not in self.writer.done}
         sweep = RULES[self.tag.rule].sweep if self.method.speculative else None
@@ -117,7 +119,8 @@ class Job:
         ref = self.tag.lossless_reference()
         ar_dir = self.task_dir / self.tag.baseline().dir_name if self.tag.scheme != "ar" else None
         return summarize_run(self.run_dir, self.task, self.samples, self.cfg, self.data_dir, ar_dir=ar_dir,
-                             sd_dir=self.task_dir / ref.dir_name if ref else None, spec=self.tag)
+                             sd_dir=self.task_dir / ref.dir_name if ref else None, spec=self.tag,
+                             draft_quant=self.draft_quant)
 
 
 def run(cfg) -> dict | list[dict]:

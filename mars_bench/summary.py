@@ -257,11 +257,16 @@ def _directions(task) -> dict[str, str]:
             for name, spec in reg.items()}
 
 
+FROM_CONFIG = object()   # summarize_run's draft_quant when the caller does not hold it: draft_quant_of(cfg)
+
+
 def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | None = None,
-                  sd_dir: Path | None = None, settings: S.StatsSettings | None = None, spec=None) -> dict:
+                  sd_dir: Path | None = None, settings: S.StatsSettings | None = None, spec=None,
+                  draft_quant=FROM_CONFIG) -> dict:
     """Write and return summary.json. ``ar_dir`` / ``sd_dir``: the ar / sd runs of the same settings
     (compared when their samples exist); ``settings``: None reads ``cfg.stats`` (else the defaults); ``spec``: the
-    run's ``RunSpec`` (None: read from ``run_dir``), which the method, scheme, rule and k are read from."""
+    run's ``RunSpec`` (None: read from ``run_dir``), which the method, scheme, rule and k are read from;
+    ``draft_quant``: the job's (``draft_quant_of``, computed once per job)."""
     run_dir = Path(run_dir)
     settings = settings or S.StatsSettings.from_cfg(cfg)
     recs, problems = R.read_records(run_dir / "samples.jsonl")
@@ -277,7 +282,7 @@ def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | No
         "run_dir": str(run_dir), "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": cfg.model.name, "task": task.name, "task_version": task.version,
         "method": tag.head, "k": tag.k,
-        "draft_quant": draft_quant_of(cfg),
+        "draft_quant": draft_quant_of(cfg) if draft_quant is FROM_CONFIG else draft_quant,
         "fast_kernel": sorted({r.fast_kernel or "unrecorded" for _, r in ordered}),   # one, unless resumed elsewhere
         "machines": M.machines([r for _, r in ordered]),   # CPU (or GPU), instruction sets, threads; likewise
         "scheme": tag.scheme, "rule": tag.rule if tag.speculative else None,

@@ -119,21 +119,23 @@ class RunSpec:
 
     # ---- building ----------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, cfg, max_new: int, task_prompts: str = "ours") -> "RunSpec":
-        """``task_prompts``: the task's ``prompts`` option as the runner applied it (ours for tasks without it).
-        The model identity (``models.identity.pair_identity``) is computed here, before any weight loads."""
+    def from_config(cls, cfg, max_new: int, task_prompts: str = "ours", method=None, draft_quant=None) -> "RunSpec":
+        """``task_prompts``: the task's ``prompts`` option as the runner applied it (ours for tasks without it);
+        ``method`` / ``draft_quant``: ``method_of(cfg)`` / ``draft_quant_of(cfg)`` when the caller holds them (the
+        runner's Job computes them once), else computed here. The model identity
+        (``models.identity.pair_identity``) is computed here, before any weight loads."""
         from .decode_settings import draft_quant_of, method_of
         from .errors import ConfigError
         from .models.identity import IdentityError, pair_identity
 
-        m = method_of(cfg)
+        m = method if method is not None else method_of(cfg)
         s = m.scheme                # what it drafts with and the shape of its drafts (decode.drafting)
         tree = None
         if s.tree:
             paths = m.tree.get("static_paths")
             tree = (f"paths{hashlib.sha1(str([list(p) for p in paths]).encode()).hexdigest()[:8]}" if paths is not None
                     else f"d{m.tree['depth']}-w{m.tree['top_k']}-t{m.tree['total_tokens']}")
-        quant = draft_quant_of(cfg)
+        quant = draft_quant if method is not None else draft_quant_of(cfg, m)
         engine = cfg.get("engine") or {}
         try:   # the weights the engine runs (vLLM's tiny pair has another shape)
             model, draft_model = pair_identity(cfg.model, uses_draft=s.draft_lm, head=s.head.key if s.head else None,

@@ -146,3 +146,21 @@ def test_no_module_outside_the_declarations_compares_a_scheme_name(tmp_path):
     planted = tmp_path / "x.py"                       # the check can fail
     planted.write_text('def f(m):\n    return m.name == "eagle3" or m.scheme in ("sd", "x")\n')
     assert _compares_a_scheme_name(planted) == [2, 2]
+
+
+def test_a_job_resolves_its_method_once(tmp_path, monkeypatch):
+    """Settings passed, not recomputed: one run resolves ``method_of`` for validation and once for the job; the
+    RunSpec, the records' draft quantization and the summary take the job's."""
+    from mars_bench import decode_settings, runner, validation
+
+    calls = []
+    real = decode_settings.method_of
+
+    def counted(cfg):
+        calls.append(1)
+        return real(cfg)
+
+    for module in (decode_settings, runner, validation):
+        monkeypatch.setattr(module, "method_of", counted)
+    summary = R.run(tiny_cfg(tmp_path, "method=sd", "task=gsm8k", "limit=1", "max_new_tokens=6"))
+    assert summary["draft_quant"] == "none" and len(calls) == 2, len(calls)
