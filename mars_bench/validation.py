@@ -82,11 +82,14 @@ def validate(cfg: Any) -> None:
                           "model.device=cuda: none")
     if method.scheme.draft_lm and cfg.model.source != "tiny" and not cfg.model.draft:
         raise ConfigError(f"method.name={m.name!r} needs model.draft; this model config has none")
-    for name in ("max_new_tokens", "limit"):
-        if cfg[name] is not None:
-            _int_at_least(name, cfg[name], 1)
-    if cfg.task.max_new_tokens is not None:
-        _int_at_least("task.max_new_tokens", cfg.task.max_new_tokens, 1)
+    if cfg.limit is not None:
+        _int_at_least("limit", cfg.limit, 1)
+    # the budget's sources (decode_settings.max_new_tokens_of picks one), each checked here once, both bounds
+    for name, value in (("max_new_tokens", cfg.max_new_tokens), ("task.max_new_tokens", cfg.task.max_new_tokens),
+                        ("protocol.max_new_tokens", cfg.protocol.max_new_tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 1 <= value <= MAX_NEW_TOKENS_MAX):
+            raise ConfigError(f"{name}={value!r}; allowed: an integer in [1, {MAX_NEW_TOKENS_MAX}] or null")
     if _number("temperature", cfg.temperature) < 0:
         raise ConfigError(f"temperature={cfg.temperature!r}; allowed: a number >= 0 (0 = greedy)")
     top_p = _number("top_p", cfg.top_p)
@@ -136,8 +139,6 @@ def validate_protocol(cfg: Any) -> None:
     _one_of("protocol.system_prompt", p.system_prompt, tuple(SYSTEM_PROMPTS))
     _one_of("protocol.budget", p.budget, BUDGET_RULES)
     _one_of("protocol.task_prompts", p.task_prompts, PROMPT_SOURCES)
-    if p.max_new_tokens is not None:
-        _int_at_least("protocol.max_new_tokens", p.max_new_tokens, 1)
 
 
 def _path_setting(name: str, value: Any, nullable: bool, expand: bool) -> None:
@@ -171,10 +172,6 @@ def validate_run_settings(cfg: Any) -> None:
 
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed <= SEED_MAX:
         raise ConfigError(f"seed={cfg.seed!r}; allowed: an integer in [0, {SEED_MAX}]")
-    for name, value in (("max_new_tokens", cfg.max_new_tokens), ("task.max_new_tokens", cfg.task.max_new_tokens),
-                        ("protocol.max_new_tokens", cfg.protocol.max_new_tokens)):
-        if value is not None and value > MAX_NEW_TOKENS_MAX:
-            raise ConfigError(f"{name}={value!r}; allowed: an integer in [1, {MAX_NEW_TOKENS_MAX}] or null")
     if cfg.method.k > K_MAX:
         raise ConfigError(f"method.k={cfg.method.k!r}; allowed: an integer in [1, {K_MAX}]")
     for name in ("temperature", "top_p"):

@@ -268,7 +268,7 @@ def test_unknown_protocol_is_one_line():
     ("protocol.system_prompt=llama3", "protocol.system_prompt='llama3'; allowed: none, llama2"),
     ("protocol.budget=soft", "protocol.budget='soft'; allowed: exact, after_step"),
     ("protocol.task_prompts=theirs", "protocol.task_prompts='theirs'; allowed: ours, authors"),
-    ("protocol.max_new_tokens=0", "protocol.max_new_tokens=0; allowed: an integer >= 1"),
+    ("protocol.max_new_tokens=0", "protocol.max_new_tokens=0; allowed: an integer in [1, 1048576] or null"),
 ])
 def test_bad_protocol_values_one_line(tmp_path, override, needle):
     with pytest.raises(ConfigError) as e:
