@@ -46,6 +46,12 @@ def cluster(tmp_path_factory):
         pytest.fail(str(e), pytrace=False)
 
 
+def _slow(env: dict) -> dict:
+    """``env`` with a 0.5 s pause after each sample line (tests/slow_writes): a run of 12 samples lasts >= 6 s."""
+    path = os.pathsep.join(filter(None, [str(SLOW_WRITES), os.environ.get("PYTHONPATH")]))
+    return {**env, "PYTHONPATH": path, "MARS_BENCH_TEST_WRITE_DELAY": "0.5"}
+
+
 def _env(extra: dict | None = None) -> dict:
     return {**os.environ, **(extra or {}), "MARS_BENCH_DATA_DIR": str(DATA), "OMP_NUM_THREADS": "1",
             "HYDRA_FULL_ERROR": "0"}
@@ -141,10 +147,9 @@ def test_sweep_on_slurm_equals_the_local_sweep(cluster, local, tmp_path):
 @pytest.mark.slurm
 def test_cancelled_sweep_resubmitted_ends_with_the_uninterrupted_samples(cluster, local, tmp_path):
     results = tmp_path / "results"
-    path = os.pathsep.join(filter(None, [str(SLOW_WRITES), os.environ.get("PYTHONPATH")]))
-    slow = {**cluster.env, "PYTHONPATH": path, "MARS_BENCH_TEST_WRITE_DELAY": "0.5"}   # >= 6 s a run: the cancel
-    # lands mid-run however fast the machine (on a fast one the sweep ended between the first line and scancel)
-    proc = subprocess.Popen(_cmd(results), cwd=ROOT, env=_env(slow), stdout=subprocess.DEVNULL,
+    # >= 6 s a run: the cancel lands mid-run however fast the machine (on a fast one the sweep ended between the
+    # first line and scancel)
+    proc = subprocess.Popen(_cmd(results), cwd=ROOT, env=_env(_slow(cluster.env)), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     task_dir = results / "tiny_fp32_cpu" / "gsm8k-v2"
     try:
@@ -182,10 +187,11 @@ def test_cancelled_sweep_resubmitted_ends_with_the_uninterrupted_samples(cluster
 @pytest.mark.slurm
 def test_overlapping_submissions_share_the_work(cluster, local, tmp_path):
     """Two submissions of one sweep at once, one job at a time each (array_parallelism=1): their i-th jobs run
-    side by side on the same run; the claims split its samples between them."""
+    side by side on the same run; the claims split its samples between them. Each run lasts >= 6 s (``_slow``):
+    on a quiet machine a tiny run could end before the other submission's job started (CI saw no shared run)."""
     results = tmp_path / "results"
     cmd = _cmd(results, "hydra.launcher.array_parallelism=1")
-    procs = [subprocess.Popen(cmd, cwd=ROOT, env=_env(cluster.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=_env(_slow(cluster.env)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
     try:
         outs = [p.communicate(timeout=600) for p in procs]
