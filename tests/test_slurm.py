@@ -191,8 +191,9 @@ def test_overlapping_submissions_share_the_work(cluster, local, tmp_path):
     on a quiet machine a tiny run could end before the other submission's job started (CI saw no shared run)."""
     results = tmp_path / "results"
     cmd = _cmd(results, "hydra.launcher.array_parallelism=1")
-    procs = [subprocess.Popen(cmd, cwd=ROOT, env=_env(_slow(cluster.env)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    env = _env(_slow(cluster.env))
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
     try:
         outs = [p.communicate(timeout=600) for p in procs]
     finally:
