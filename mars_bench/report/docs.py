@@ -4,7 +4,8 @@
 
 rewrites, in ``docs/results.md``, the text between the two marker comments named after the pack's file
 (``<!-- generated from study.tar.xz: begin -->`` ... ``<!-- generated from study.tar.xz: end -->``) with the
-study table the report makes of the pack's records (``tables.study_table``), preceded by one stamp line: the
+study table the report makes of the pack's records (``tables.study_table``; a pack without study runs, such as
+the T = 1 tree arm's, gets the main table, ``tables.main_table``, instead), preceded by one stamp line: the
 command, the commit(s) and the machine(s) the records were written on, as their summaries' ``manifest`` and
 ``machines`` say. Everything outside the markers is left as it is.
 """
@@ -17,7 +18,7 @@ from ..storage import atomic_write_text
 from .frames import load_frames
 from .pack import is_pack, unpacked
 from .read import find_run_dirs
-from .tables import study_table
+from .tables import main_table, study_table
 
 
 def markers(pack: str | Path) -> tuple[str, str]:
@@ -60,7 +61,8 @@ def stamp(pack: str | Path, prov: dict, command: str) -> str:
 
 
 def section(pack: str | Path, command: str) -> str:
-    """The text between a pack's markers: the stamp, then the study table (caption, table, footnotes)."""
+    """The text between a pack's markers: the stamp, then the study table (caption, table, footnotes), or the main
+    table where the pack holds no study runs."""
     if not is_pack(pack):
         raise ValueError(f"--results-md reads a packed results tree; got {str(pack)!r}; allowed: an existing "
                          f"file ending in .tar.xz (mars-bench-report --pack writes one)")
@@ -69,7 +71,10 @@ def section(pack: str | Path, command: str) -> str:
         frames = load_frames(root)
     if frames.runs.empty:
         raise ValueError(f"{pack}: no runs in the pack; allowed: a pack written by mars-bench-report --pack")
-    return stamp(pack, prov, command) + "\n\n" + study_table(frames.runs).to_markdown()
+    table = study_table(frames.runs)
+    if table.data.empty:
+        table = main_table(frames.runs)
+    return stamp(pack, prov, command) + "\n\n" + table.to_markdown()
 
 
 def write_results_md(path: str | Path, pack: str | Path, command: str | None = None) -> Path:
