@@ -287,6 +287,20 @@ int panel_linear_bf16(const float *x, long M, long K, const unsigned short *wq, 
         for (long k = 0; k < KX; k++)
             for (long r = 0; r < R; r++) put_x(xt + r0 * KX + k * R + r, x + (r0 + r) * K + XSTEP * k);
     }
+#ifdef KERNB_PAIR
+    if (M == 1) {                               /* one row: two panels per pass (the header says why) */
+        const long P = N / NB;
+        #pragma omp parallel for schedule(static) num_threads(threads)
+        for (long pp = 0; pp < (P + 1) / 2; pp++) {
+            const long p = 2 * pp;
+            const float *b = bias ? bias + p * NB : 0;
+            if (p + 1 < P) kernb_1x2(xt, K / 2, wq + p * K * NB, K * NB, y + p * NB, b);
+            else KERNBS[1](xt, K / 2, wq + p * K * NB, y + p * NB, N, b);
+        }
+        free(xt);
+        return 0;
+    }
+#endif
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (long p = 0; p < N / NB; p++) {
         const unsigned short *w = wq + p * K * NB;
