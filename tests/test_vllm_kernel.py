@@ -95,3 +95,42 @@ def test_sampled_law_with_vllms_kernel(patched, theta, sampled_top1):
     law = committed_law(theta, sampled_top1)
     first = torch.bincount(out[:, 0].long(), minlength=4).tolist()
     assert chisquare(first, (law / law.sum() * n).tolist()).pvalue > 1e-3, (first, law)
+
+
+def test_only_tensor_parallel_rank_0_writes_the_audit(patched, tmp_path, monkeypatch):
+    """Every tensor-parallel rank verifies the same step: one audit line per request and step, from rank 0."""
+    from vllm.distributed import parallel_state
+
+    from mars_bench.engines import vllm_plugin
+
+    rs, local = patched
+    monkeypatch.setenv(vllm_plugin.AUDIT, str(tmp_path))
+    gen = torch.Generator().manual_seed(3)
+    z = torch.randn(8, 64, generator=gen)
+    draft = z.argsort(-1, descending=True)[:, 0]
+    spec = [("mars", rules.mars.settings({"theta": 0.8}))] * 2
+    outs = {}
+    monkeypatch.setattr(parallel_state, "model_parallel_is_initialized", lambda: True)
+    for rank in (1, 0):
+        monkeypatch.setattr(parallel_state, "get_tensor_model_parallel_rank", lambda rank=rank: rank)
+        outs[rank] = call(rs, local, draft, [4, 4], z, z, None, [True, True], spec)
+        audit = vllm_plugin.read_audit(tmp_path)
+        assert sorted(audit) == ([] if rank else ["r0", "r1"])
+        assert all(len(steps) == 1 for steps in audit.values())
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_vllms_ray_executor_would_copy_the_plugins_variables(tmp_path):
+    """vLLM's own list of variables for Ray workers (``vllm.ray.ray_env.get_env_vars_to_copy``), in a fresh process
+    with the environment ``engines/vllm.build_llm`` sets, names the plugin's switch and audit folder."""
+    import os
+    import subprocess
+    import sys
+
+    from mars_bench.engines import vllm_compat
+
+    env = vllm_compat.carried_to_workers({"MARS_BENCH_VLLM_PLUGIN": "1", "MARS_BENCH_VLLM_AUDIT": str(tmp_path)})
+    code = "from vllm.ray.ray_env import get_env_vars_to_copy as g; print(','.join(sorted(g())))"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()[-1]
+    assert {"MARS_BENCH_VLLM_PLUGIN", "MARS_BENCH_VLLM_AUDIT"} <= set(out.split(","))

@@ -234,6 +234,7 @@ def test_engine_vllm_without_vllm_names_the_install_command(monkeypatch):
     (["method=mars_tree"], r"method=mars_tree \(draft trees\) cannot run on engine=vllm"),
     (["method=sd", "rule=fly"], r"rule=fly cannot run inside vLLM's verification.*allowed with engine=vllm: exact"),
     (["method=sd", "rule=typical", "temperature=1"], r"rule=typical cannot run inside vLLM"),
+    (["method=sd", "rule=topk_delta", "temperature=1"], r"rule=topk_delta is not defined for sampled decoding"),
     (["method=mars", "temperature=1", "+rule.outside_top2=skip"], r"rule.outside_top2=skip cannot run"),
     (["method=sd", "method.p_min=0.3"], r"method.p_min=0.3 .*allowed: 0"),
     (["method=sd", "protocol=authors"], r"protocol.budget=after_step cannot run on engine=vllm; allowed: exact"),
@@ -264,3 +265,80 @@ def test_engine_vllm_accepts_chains_and_records_the_version(monkeypatch):
         native = _cfg(f"method={method}", "engine=native")
         _validate(native)
         assert RunSpec.from_config(native, 32).dir_name != spec.dir_name   # never one directory
+
+
+def test_vllms_own_refusal_comes_back_in_one_line(monkeypatch, tmp_path):
+    """vLLM's ValueError when the LLM is built (here: its message for a tensor-parallel size larger than the visible
+    GPUs, raised by a stand-in ``vllm.LLM``) is one ConfigError line, vLLM's error chained."""
+    import sys
+    import types
+
+    from mars_bench.engines import vllm, vllm_compat
+
+    message = ("World size (4) is larger than the number of available GPUs (1) in this node. If this is "
+               "intentional and you are using:\n- ray, set '--distributed-executor-backend ray'.\n- multiprocessing, "
+               "set '--nnodes' appropriately.")
+
+    def refuse(**kwargs):
+        assert kwargs["tensor_parallel_size"] == 4
+        raise ValueError(message)
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=refuse))
+    for key in [*vllm_compat.ENV, *vllm_compat.CPU_ENV, "MARS_BENCH_VLLM_PLUGIN", "MARS_BENCH_VLLM_AUDIT"]:
+        monkeypatch.setenv(key, "")      # restored after the test: build_llm sets them for vLLM
+    cfg = _cfg("method=ar", "engine.tensor_parallel_size=4", "engine.max_model_len=64", "model.device=cpu")
+    with pytest.raises(ConfigError, match=r"^vLLM refused the engine settings: World size \(4\) is larger") as e:
+        vllm.build_llm(cfg, str(tmp_path), None, str(tmp_path))
+    assert "\n" not in str(e.value) and isinstance(e.value.__cause__, ValueError)
+
+
+def test_the_plugin_is_vllms_entry_point_and_idle_unless_asked(monkeypatch):
+    """vLLM loads ``vllm.general_plugins`` in every process: ours is registered there and patches nothing unless
+    the harness set MARS_BENCH_VLLM_PLUGIN=1 (an installed mars-bench leaves a user's other vLLM runs alone)."""
+    from importlib.metadata import entry_points
+
+    from mars_bench.engines import vllm_compat, vllm_plugin
+
+    (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "mars_bench"]
+    assert ep.load() is vllm_plugin.register
+    installed = []
+    monkeypatch.setattr(vllm_compat, "check_version", lambda: "0.32.0")
+    monkeypatch.setattr(vllm_compat, "install", installed.append)
+    for value in (None, "0", ""):
+        if value is None:
+            monkeypatch.delenv(vllm_plugin.ACTIVE, raising=False)
+        else:
+            monkeypatch.setenv(vllm_plugin.ACTIVE, value)
+        vllm_plugin.register()
+    assert installed == []
+    monkeypatch.setenv(vllm_plugin.ACTIVE, "1")
+    vllm_plugin.register()
+    assert installed == [vllm_plugin.step]
+
+
+def test_the_plugins_switch_and_audit_folder_reach_ray_workers(monkeypatch, tmp_path):
+    """vLLM's Ray executor copies only its own prefixes and the names in VLLM_RAY_EXTRA_ENV_VARS_TO_COPY to its
+    workers: the LLM is built with the plugin's two variables listed there, after the user's own names."""
+    import os
+    import sys
+    import types
+
+    from mars_bench.engines import vllm, vllm_compat
+
+    seen = {}
+
+    def build(**kwargs):
+        seen.update(os.environ)
+        return "llm"
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=build))
+    for key in [*vllm_compat.ENV, *vllm_compat.CPU_ENV, "MARS_BENCH_VLLM_PLUGIN", "MARS_BENCH_VLLM_AUDIT"]:
+        monkeypatch.setenv(key, "")
+    monkeypatch.setenv(vllm_compat.RAY_EXTRA_ENV, "MY_VAR")
+    cfg = _cfg("method=ar", "engine.max_model_len=64", "model.device=cpu")
+    for _ in range(2):     # a second LLM in the process lists each name once
+        assert vllm.build_llm(cfg, str(tmp_path), None, str(tmp_path / "audit")) == "llm"
+        names = seen[vllm_compat.RAY_EXTRA_ENV].split(",")
+        assert names[0] == "MY_VAR" and len(names) == len(set(names))
+        assert {"MARS_BENCH_VLLM_PLUGIN", "MARS_BENCH_VLLM_AUDIT"} <= set(names)
+        assert seen["MARS_BENCH_VLLM_AUDIT"] == str(tmp_path / "audit")

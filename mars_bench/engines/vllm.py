@@ -262,7 +262,7 @@ def build_llm(cfg, target_dir: str, spec: dict | None, audit_dir: str):
            "MARS_BENCH_VLLM_PLUGIN": "1", "MARS_BENCH_VLLM_AUDIT": audit_dir}
     if cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{e.kv_cache_gib:g}"
-    os.environ.update(env)
+    os.environ.update(vllm_compat.carried_to_workers(env, os.environ.get(vllm_compat.RAY_EXTRA_ENV, "")))
     from vllm import LLM
 
     kwargs = dict(model=target_dir, tokenizer=target_dir, dtype=DTYPES[cfg.model.dtype], seed=int(cfg.seed),

@@ -33,9 +33,20 @@ CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",   # the engine core in this process (the plugin's patches in it too)
     "VLLM_CPU_KVCACHE_SPACE": "1",           # GiB of KV cache; the engine config's kv_cache_gib overrides it
 }
+# vLLM's Ray executor copies to its workers only the variables of its prefixes (VLLM_, HF_, ...) and the names
+# listed here: the plugin's switch and audit folder must be listed, or the plugin stays idle in Ray workers
+RAY_EXTRA_ENV = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
 COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
             "accepted": "vllm:spec_decode_num_accepted_tokens"}
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def carried_to_workers(env: dict, current: str = "") -> dict:
+    """``env`` plus ``RAY_EXTRA_ENV`` naming its variables outside vLLM's prefixes, after those ``current`` (the
+    user's own value of it) names."""
+    names = [n.strip() for n in current.split(",") if n.strip()]
+    names += [n for n in env if not n.startswith("VLLM_") and n not in names]
+    return {**env, RAY_EXTRA_ENV: ",".join(names)}
 
 
 def installed_version() -> str | None:
@@ -144,6 +155,17 @@ def install(step) -> None:
     rs.RejectionSampler.forward = forward
     rs.rejection_sample = rejection_sample
     _INSTALLED.append((orig_sample, orig_forward, orig_reject))
+
+
+def writes_audit() -> bool:
+    """Whether this process writes the plugin's audit: in the V1 runner every tensor-parallel rank of the last
+    pipeline stage verifies the same drafts with the same draws, so only tensor-parallel rank 0 writes (else each
+    step would be recorded once per rank); True outside vLLM's distributed state (a direct call)."""
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return True
+    return parallel_state.get_tensor_model_parallel_rank() == 0
 
 
 def _extra(state) -> dict | None:

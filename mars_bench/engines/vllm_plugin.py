@@ -6,9 +6,9 @@ an installed mars-bench never changes a user's other vLLM runs. When active it p
 (``vllm_compat.install``) so that requests carrying ``SamplingParams.extra_args["mars_bench"]`` (rule name,
 settings, key) are verified by this project's rule registry (``verify.py``) from the raw target logits, and
 every step's audit of those requests (output tokens before the step, drafts proposed / accepted, z1 / z2,
-relaxed acceptances) is appended to
-``$MARS_BENCH_VLLM_AUDIT/<pid>.jsonl`` as one JSON line per request and step. Rule ``exact`` is observed only:
-no input of vLLM's kernel is changed. Other requests pass through untouched.
+relaxed acceptances) is appended to ``$MARS_BENCH_VLLM_AUDIT/<pid>.jsonl`` as one JSON line per request and step,
+by tensor-parallel rank 0 only (``vllm_compat.writes_audit``). Rule ``exact`` is observed only: no input of vLLM's
+kernel is changed. Other requests pass through untouched.
 """
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ def step(draft, num_draft, raw, logits, draft_probs, uniform, greedy, extra, don
         return run_kernel(logits)
     dec = verify.decide(draft, num_draft, raw, logits, draft_probs, uniform, greedy, specs)
     out = run_kernel(verify.rewrite(logits, draft, dec.relaxed))
+    from . import vllm_compat
+
+    if not vllm_compat.writes_audit():    # another tensor-parallel rank writes this step
+        return out
     records = verify.audit(dec, draft, num_draft, verify.accepted_counts(out))
     write_audit([(e["mars_bench"]["key"], {**r, "done": n}) for e, r, n in zip(extra, records, done) if r is not None])
     return out
