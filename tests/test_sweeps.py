@@ -36,7 +36,8 @@ def options(group: str) -> list[str]:
 
 
 GROUP_OVERRIDES = ([f"{g}={o}" for g in ("model", "method", "task", "logger", "rule", "protocol") for o in options(g)]
-                   + [f"+{g}={o}" for g in ("sweep", "experiment", "debug", "compare") for o in options(g)]
+                   + [f"+{g}={o}" for g in ("sweep", "experiment", "debug", "compare", "engine/h100")
+                      for o in options(g)]
                    + [f"hydra/{g}={o}" for g in ("launcher", "callbacks") for o in options(f"hydra/{g}")])
 # jobs per sweep: theta 0.84..0.98 step 0.02 + 1.0 = 9; cpu_reproduction 4 tasks x 3 methods x 3 thetas
 # (the GPU table / theta / fidelity presets are interleaved, not sweeps: tests/test_gpu_presets.py)
@@ -55,9 +56,10 @@ def hydra_ctx():
 def test_every_config_composes_and_validates(hydra_ctx, override):
     if override.startswith("hydra/launcher="):
         pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    # EAGLE-3 methods need a head on the model (no model config ships one): a placeholder id validates
+    # EAGLE-3 methods need a head on the model (only qwen3_235b_a22b ships one): a placeholder id validates
     extra = ["model.eagle3=placeholder/eagle3-head"] if override.startswith("method=eagle3") else []
     extra += ["method=sd"] if override.startswith("rule=") else []   # the default method is the mars preset
+    extra += ["method=eagle3"] if override == "model=qwen3_235b_a22b" else []   # an EAGLE-3 head, no draft model
     cfg = compose("config", overrides=[override, *extra], return_hydra_config=override.startswith("hydra/"))
     if not override.startswith("hydra/"):
         validate(cfg)
@@ -67,7 +69,7 @@ def test_every_config_composes_and_validates(hydra_ctx, override):
 def test_every_config_file_is_covered():
     groups = [p.parent.relative_to(CONF).as_posix() for p in CONF.rglob("*.yaml") if p.parent != CONF]
     assert set(groups) == {"model", "method", "rule", "task", "logger", "sweep", "experiment", "debug", "compare",
-                           "protocol", "hydra/launcher", "hydra/callbacks", "engine"}
+                           "protocol", "hydra/launcher", "hydra/callbacks", "engine", "engine/h100"}
 
 
 def test_paper_model_configs(hydra_ctx):

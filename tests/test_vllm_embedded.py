@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .test_vllm_engine import context, replay, tau, tokens
+from .test_vllm_engine import check_lossless_parity, context, replay, tau
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -32,14 +32,7 @@ def ctx(tmp_path_factory):
 
 
 def test_embedded_greedy_sd_exact_equals_ar_and_mars_theta1_equals_exact(ctx):
-    _, run = ctx
-    ar, sd = run("ar", "method=ar"), run("sd", "method=sd")
-    strict = run("mars1", "method=mars", "rule.theta=1")
-    assert tokens(sd) == tokens(ar)
-    assert tokens(strict) == tokens(sd)
-    assert [r["steps"] for r in strict.values()] == [r["steps"] for r in sd.values()]
-    assert sum(r["n_relaxed"] for r in strict.values()) == 0
-    assert sum(r["n_accepted"] for r in sd.values()) > 0
+    check_lossless_parity(ctx[1])
 
 
 def test_embedded_mars_tau_and_every_relaxation_replays(ctx):

@@ -32,9 +32,11 @@ def cfg_of(tmp, *overrides, base=TINY):
 def context(tmp, base=TINY):
     """(models, run): one engine=vllm ``Models`` for the pair of ``base``; ``run(name, *overrides)`` decodes the
     run's samples once per name and returns their records by sample id."""
+    from mars_bench.decode_settings import method_of
     from mars_bench.runner import Job, Models
 
-    models = Models(cfg_of(tmp, "method=sd", base=base), [])
+    held = [method_of(cfg_of(tmp, f"method={m}", base=base)) for m in ("ar", "sd")]   # mars shares sd's LLM
+    models = Models(cfg_of(tmp, "method=sd", base=base), held)
     runs = {}
 
     def run(name, *overrides):
@@ -58,7 +60,11 @@ def tokens(recs):
 
 
 def test_greedy_sd_exact_equals_ar_and_mars_theta1_equals_exact(ctx):
-    _, run = ctx
+    check_lossless_parity(ctx[1])
+
+
+def check_lossless_parity(run):
+    """vLLM greedy sd with ``exact`` decodes ar's tokens, and mars at theta 1 sd's, step for step."""
     ar, sd = run("ar", "method=ar"), run("sd", "method=sd")
     strict = run("mars1", "method=mars", "rule.theta=1")
     assert tokens(sd) == tokens(ar)

