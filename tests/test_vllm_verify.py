@@ -252,6 +252,23 @@ def test_engine_vllm_refuses_what_vllm_cannot_run(monkeypatch, overrides, needle
     assert "\n" not in str(e.value)
 
 
+def test_engine_vllm_refuses_more_ranks_than_gpus_on_one_node_with_mp(monkeypatch):
+    """With the backend set explicitly vLLM skips its own count of the visible GPUs: mp (one node) is checked here."""
+    import torch
+
+    from mars_bench.engines import vllm_compat
+
+    monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.32.0")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    base = ["method=sd", "model.device=cuda", "engine.tensor_parallel_size=2", "engine.pipeline_parallel_size=2"]
+    with pytest.raises(ConfigError, match=r"= 4; allowed with engine.distributed_executor_backend=mp \(one node\): at "
+                       r"most the 2 visible GPUs") as e:
+        _validate(_cfg(*base, "engine.distributed_executor_backend=mp"))
+    assert "\n" not in str(e.value)
+    for backend in ("ray", "null"):    # ray spans nodes; null: vLLM counts the GPUs itself
+        _validate(_cfg(*base, f"engine.distributed_executor_backend={backend}"))
+
+
 def test_engine_vllm_accepts_chains_and_records_the_version(monkeypatch):
     from mars_bench.engines import vllm_compat
     from mars_bench.tags import RunSpec
