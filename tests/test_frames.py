@@ -202,6 +202,9 @@ def test_headline_skips_a_metric_whose_format_the_model_never_wrote():
     assert headline(row) == "accuracy_flexible"          # strict accuracy needs '####'; rate 0: says nothing
     assert headline({**row, "quality/strict_format_rate": 0.5}) == "accuracy_strict"
     assert headline({**row, "quality/strict_format_rate": None}) == "accuracy_strict"   # rate unknown: as declared
+    # the method wrote '####' once, its ar never: one metric for both (the committed GSM8K shard's mars and ar)
+    assert headline({**row, "quality/strict_format_rate": 0.008, "baseline_quality/strict_format_rate": 0.0}) \
+        == "accuracy_flexible"
 
 
 def test_a_metric_may_need_only_a_format_rate_of_its_own_task():

@@ -72,9 +72,23 @@ def load_frames(roots: str | Path | Iterable[str | Path]) -> Frames:
         rows.append({**_row(run, s, ar, ref), **_budget_columns(run, s, ar)})
         per = ((s.get("fidelity") or {}).get("per_sample")) or {}
         samples += [{"run": run.key, **sample_row(rec), **_fidelity(per.get(rec["id"]))} for rec in run.records]
+    _baseline_formats(rows)
     rows.sort(key=_order)
     return Frames(_typed(pd.DataFrame(rows).reindex(columns=_columns(rows))),
                   pd.DataFrame(samples, columns=None if samples else ["run", "id"]), skipped)
+
+
+def _baseline_formats(rows: list[dict]) -> None:
+    """Each run's row gets its ar baseline's format rates (``baseline_quality/<rate>``, the rates the task's metrics
+    name as ``needs_format``), so that ``headline`` picks one metric for a method and its ar: GSM8K's strict accuracy
+    is skipped for both when ar never wrote '#### <answer>', even if the method did once."""
+    by_key = {r["run"]: r for r in rows}
+    for r in rows:
+        base = by_key.get(r.get("baseline"))
+        for entry in _registration(str(r.get("task") or "")).values():
+            fmt = entry.get("needs_format") if isinstance(entry, dict) else None
+            if fmt and base is not None:
+                r[f"baseline_quality/{fmt}"] = base.get(f"quality/{fmt}")
 
 
 def _match(found: list[RunFiles], run: RunFiles, spec) -> RunFiles | None:
@@ -238,12 +252,13 @@ def study_groups(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 def headline(row) -> str | None:
     """The first metric the task declares that this run reports (e.g. accuracy_strict, pass@1, bleu), skipping one
-    whose ``needs_format`` rate is 0 in this run (e.g. GSM8K's strict accuracy when the model never wrote
-    '#### <answer>': every answer scores 0 whatever its number)."""
+    whose ``needs_format`` rate is 0 in this run or in its ar baseline (e.g. GSM8K's strict accuracy when the model
+    never wrote '#### <answer>': every answer scores 0 whatever its number; a method and its ar get one metric)."""
     reg = _registration(str(val(row, "task") or ""))
     for m in val(row, "metrics", []):
         fmt = (reg.get(m) or {}).get("needs_format") if isinstance(reg.get(m), dict) else None
-        if val(row, f"quality/{m}") is not None and not (fmt and val(row, f"quality/{fmt}") == 0):
+        unformatted = fmt and 0 in (val(row, f"quality/{fmt}"), val(row, f"baseline_quality/{fmt}"))
+        if val(row, f"quality/{m}") is not None and not unformatted:
             return m
     return None
 
