@@ -46,11 +46,10 @@ def check(cfg) -> str:
         if not 0 < float(e[name]) <= (1 if name == "gpu_memory_utilization" else 1024):
             raise ValueError(f"engine.{name}={e[name]!r}; allowed: a number in (0, "
                              f"{1 if name == 'gpu_memory_utilization' else 1024}]")
-    world = int(e.tensor_parallel_size) * int(e.pipeline_parallel_size)
     if e.distributed_executor_backend == "mp" and str(cfg.model.device).startswith("cuda"):
         import torch   # mp runs one node: vLLM does not check its GPU count when the backend is set explicitly
 
-        visible = torch.cuda.device_count()
+        world, visible = int(e.tensor_parallel_size) * int(e.pipeline_parallel_size), torch.cuda.device_count()
         if world > visible:
             raise ValueError(f"engine.tensor_parallel_size x engine.pipeline_parallel_size = {world}; allowed with "
                              f"engine.distributed_executor_backend=mp (one node): at most the {visible} visible GPUs "
