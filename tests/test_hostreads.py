@@ -60,9 +60,9 @@ def test_greedy_tree_step_reads_once_to_build_and_once_to_verify(tiny, prompt_id
 
 
 @pytest.mark.parametrize("method", [Method("sd_tree"), Method("mars_tree", rule="mars", rule_kwargs={"theta": 0.6})])
-def test_sampled_tree_step_reads_once_to_build_and_once_per_node_of_the_walk(tiny, prompt_ids, method):
-    """Every child of a node is tested on the device (its residual chain included) and read once with the token
-    to commit if none is accepted: reads per step <= 1 (build) + accepted nodes + 1 (12.2 per step before)."""
+def test_sampled_tree_step_reads_once_to_build_and_once_to_verify(tiny, prompt_ids, method):
+    """Every node's tests (their residual chains included) and fallback draw are computed on the device and read
+    once with the audit's top-2; the walk then reads nothing (3.9 per mars_tree step with a read per node)."""
     target, draft, tok = tiny
     cfg = DecodeConfig(max_new_tokens=MAX_NEW, temperature=1.0)
     with HostReads() as reads:
@@ -70,7 +70,7 @@ def test_sampled_tree_step_reads_once_to_build_and_once_per_node_of_the_walk(tin
                for i, ids in enumerate(prompt_ids[:N_PROMPTS])]
     steps, accepted = sum(r.steps for r in res), sum(sum(r.accepted) for r in res)
     assert accepted > 0 and all(len(r.tokens) == MAX_NEW for r in res)
-    assert reads.total <= 2 * steps + accepted
+    assert reads.total <= 2 * steps
 
 
 def test_batched_chain_reads_once_per_row(tiny, prompt_ids):

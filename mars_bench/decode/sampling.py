@@ -31,6 +31,15 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return out.reshape(probs.shape[:-1])
 
 
+def sample_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token id per row of ``probs`` (shape [..., V]), each row drawn from its own distribution by inverting
+    its CDF (float64 sums) at its own uniform ``u`` in [0, 1) (shape [...]); a zero-probability token is never
+    drawn. Nothing is read to the host (``torch.multinomial`` checks its input there: a sync on CUDA)."""
+    cdf = probs.double().cumsum(-1)
+    at = (u.double() * cdf[..., -1])[..., None]
+    return torch.searchsorted(cdf, at, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
+
+
 def residual(p_target: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
     """norm(max(0, p_target - q_draft)); falls back to p_target when the two are equal."""
     res = (p_target - q_draft).clamp_min(0.0)

@@ -159,21 +159,33 @@ class DraftTree:
         return anc
 
     def child_q(self, node: int, i: int, vocab: int, device) -> torch.Tensor:
-        """The q the i-th child of ``node`` is verified against (see tree.verify). Top-k children:
-        one-hot (they were not drawn: a point mass), or with ``topk_q = draft`` the same vector scaled
-        by the child's draft probability at T = 1 (floored at 1e-10 as the authors' code does), so the
-        standard test is min(1, p / q(child)) and the residual lowers only the child's entry to
-        max(0, p(child) - q(child)), their non-relaxed path."""
-        kids = self.children[node]
+        """The q the i-th child of ``node`` is verified against: its row of ``children_q``."""
+        return self.children_q(vocab, device)[self.children[node][i] - 1]
+
+    def children_q(self, vocab: int, device) -> torch.Tensor:
+        """Float [n - 1, V]: row j - 1 is the q node j is verified against given its earlier siblings (see
+        tree.verify), every node of the tree at once. Top-k children: one-hot (they were not drawn: a point
+        mass), or with ``topk_q = draft`` the same vector scaled by the child's draft probability at T = 1
+        (floored at 1e-10 as the authors' code does), so the standard test is min(1, p / q(child)) and the
+        residual lowers only the child's entry to max(0, p(child) - q(child)), their non-relaxed path.
+        Sampled children: the parent's q with the earlier siblings' tokens zeroed, renormalised."""
+        n = len(self.tokens)
+        if n < 2:
+            raise ValueError(f"children_q of a tree of {n} node(s); allowed: a tree with at least one draft")
         if self.mode != "sample":
-            tok = self.tokens[kids[i]]
-            point = torch.zeros(vocab, device=device)
-            point[tok] = 1.0 if self.topk_q == "onehot" else max(math.exp(self.logq[kids[i]]), 1e-10)
-            return point
-        q = self.q[node].to(device, copy=True)      # drawn on the drafter's device
-        if i:
-            q[torch.tensor([self.tokens[c] for c in kids[:i]], device=q.device)] = 0.0
-        return q / q.sum()
+            mass = (torch.ones(n - 1) if self.topk_q == "onehot"
+                    else torch.tensor([max(math.exp(lq), 1e-10) for lq in self.logq[1:]]))
+            index = (torch.arange(n - 1, device=device), torch.tensor(self.tokens[1:], device=device))
+            return torch.zeros(n - 1, vocab, device=device).index_put(index, mass.to(device))
+        q = torch.stack([self.q[par].to(device) for par in self.parents[1:]])   # drawn on the drafter's device
+        rows, toks = [], []                       # (node j - 1, token of an earlier sibling of j)
+        for kids in self.children:
+            for i, c in enumerate(kids):
+                rows += [c - 1] * i
+                toks += [self.tokens[s] for s in kids[:i]]
+        index = tuple(torch.tensor(x, dtype=torch.long, device=device) for x in (rows, toks))
+        q = q.index_put(index, torch.zeros((), dtype=q.dtype, device=device))
+        return q / q.sum(-1, keepdim=True)
 
 
 # -- building ---------------------------------------------------------------------------------

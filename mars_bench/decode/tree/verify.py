@@ -50,6 +50,15 @@ Sampled (temperature > 0), ``verify_sampled``: multi-draft recursive rejection s
   = ratio and outside_top2 = skip: where r > theta their code gives a child outside the top-2 no test
   (it is skipped and p is left as it was); with outside_top2 = test (the default) it gets the standard
   test and, on rejection, the residual.
+  One host read for the whole walk (``_test_all``): what happens at a node (its tests in rank order, the
+  residual they leave, the token drawn if none is accepted) depends only on z[node], its children with
+  their q_i, and the node's own uniforms and draw, never on how the walk got there. So every node's
+  recursion runs at once on the device (for a leaf: the draw from p_target), each with fresh
+  randomness independent of every other node's, and the host reads the outcome once and walks from the
+  root: at each node the first accepted child, else that node's drawn token. Which nodes the walk visits
+  depends only on the draws of the nodes above them, so given the walk reaches a node, that node's
+  draws are still fresh and independent, and the committed path and token follow the sequential law
+  above; the draws of nodes it never visits go unused.
 """
 from __future__ import annotations
 
@@ -95,53 +104,50 @@ def verify_greedy(rule, tree: DraftTree, z: torch.Tensor, **rule_kwargs) -> Tree
 
 def verify_sampled(rule, tree: DraftTree, z: torch.Tensor, temperature: float, top_p: float,
                    gen: torch.Generator, **rule_kwargs) -> TreeVerdict:
-    """One host read per node of the walk (``_test_children``), the root's carrying every row's top-2 (audit)."""
-    node, path, clause, tops = 0, [], [], None
+    """One host read: every node's tests and fallback draw (``_test_all``) and every row's top-2 (audit), packed;
+    then the walk from the root on the host."""
+    n = len(tree.tokens)
+    accept, clause, drawn = _test_all(rule, tree, z, temperature, top_p, gen, rule_kwargs)
+    host = torch.cat([accept.double(), clause.double(), drawn.double(), *(t.double() for t in top2(z))]).tolist()
+    acc, cl, token = host[:n], host[n:2 * n], host[2 * n:3 * n]
+    tops = {name: host[(3 + i) * n:(4 + i) * n] for i, name in enumerate(("z1", "z2", "t1", "t2"))}
+    node, path, names = 0, [], []
     while True:
-        nxt, name, token, node_tops = _test_children(rule, tree, z, node, temperature, top_p, gen, rule_kwargs,
-                                                     with_tops=tops is None)
-        tops = tops or node_tops
+        nxt = next((c for c in tree.children[node] if acc[c]), None)    # the first accepted child
         if nxt is None:
-            return _verdict(rule, tree, z, path, clause, token, tops)
+            return _verdict(rule, tree, z, path, names, int(token[node]), tops)
         path.append(nxt)
-        clause.append(name)
+        names.append(_name(rule, int(cl[nxt])))
         node = nxt
 
 
-def _test_children(rule, tree: DraftTree, z: torch.Tensor, node: int, temperature: float, top_p: float,
-                   gen: torch.Generator, rule_kwargs: dict, with_tops: bool):
-    """The recursion above at one node, on the device: every child tested in rank order against the residual
-    left by the earlier ones (one uniform each, drawn together), and the token to commit if none is accepted
-    drawn from the final residual. A test after an acceptance is computed and ignored (it cannot change the
-    first accepted child, and p only matters when every child was rejected), so the law is the sequential one.
-    Returns (first accepted child or None, its clause, the drawn token, every row's top-2 or None)."""
-    dev, kids = z.device, tree.children[node]
-    p = p_node = sampling.warp(z[node], temperature, top_p)
-    u = torch.rand(len(kids), generator=gen, device=dev)
-    accept, clauses = [], []
-    for i, c in enumerate(kids):
-        q = tree.child_q(node, i, z.shape[-1], dev)
-        v = rule(torch.tensor([tree.tokens[c]], device=dev), z[node][None], p_node[None], q[None], u[i:i + 1],
-                 p_standard=p[None], **rule_kwargs)   # the standard test on the residual, clauses on p_target
-        accept.append(v.accept[0])
-        clauses.append(v.clause[0])
-        if rule.correction == "residual":                 # skipped: untested, p stays
-            p = torch.where(v.skipped[0], p, sampling.residual(p, q))
-    parts = [torch.stack(accept).double(), torch.stack(clauses).double()] if kids else []
-    parts.append(sampling.sample(p, gen).double().reshape(1))
-    if with_tops:
-        parts += [t.double() for t in top2(z)]
-    host = torch.cat(parts).tolist()                      # the one host read
-    m = len(kids)
-    first = next((i for i in range(m) if host[i]), None)
-    tops = None
-    if with_tops:
-        n = len(tree.tokens)
-        rows = host[2 * m + 1:]
-        tops = {name: rows[i * n:(i + 1) * n] for i, name in enumerate(("z1", "z2", "t1", "t2"))}
-    if first is None:
-        return None, None, int(host[2 * m]), tops
-    return kids[first], _name(rule, int(host[m + first])), int(host[2 * m]), tops
+def _test_all(rule, tree: DraftTree, z: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator,
+              rule_kwargs: dict):
+    """The recursion above at every node at once, on the device: rank by rank, the i-th child of every node
+    that has one is tested against the residual its earlier siblings left (one uniform per child, drawn
+    together), then every node draws from its final residual (a leaf: from p_target). A test after an
+    acceptance is computed and ignored by the walk, and so is a node's draw once a child is accepted.
+    Returns per node (entry 0, the root, unused) the rule's verdict and clause, and per node the drawn token."""
+    dev, n = z.device, len(tree.tokens)
+    p_target = sampling.warp(z, temperature, top_p)
+    p = p_target.clone()                                  # row r: node r's residual so far
+    accept = torch.zeros(n, dtype=torch.bool, device=dev)
+    clause = torch.zeros(n, dtype=torch.long, device=dev)
+    u = torch.rand(2 * n - 1, generator=gen, device=dev)  # node j's test: u[j - 1]; node r's draw: u[n - 1 + r]
+    if n > 1:
+        q = tree.children_q(z.shape[-1], dev)             # node j's: q[j - 1]
+        tokens = torch.tensor(tree.tokens, device=dev)
+        for i in range(max(len(kids) for kids in tree.children)):
+            rows = [r for r, kids in enumerate(tree.children) if len(kids) > i]
+            at, kid = (torch.tensor(x, device=dev) for x in (rows, [tree.children[r][i] for r in rows]))
+            q_i, p_at = q[kid - 1], p[at]
+            v = rule(tokens[kid], z[at], p_target[at], q_i, u[kid - 1], p_standard=p_at,
+                     **rule_kwargs)                       # the standard test on the residual, clauses on p_target
+            accept.index_copy_(0, kid, v.accept)
+            clause.index_copy_(0, kid, v.clause)
+            if rule.correction == "residual":             # skipped: untested, p stays
+                p.index_copy_(0, at, torch.where(v.skipped[:, None], p_at, sampling.residual(p_at, q_i)))
+    return accept, clause, sampling.sample_rows(p, u[n - 1:])
 
 
 def _name(rule, c: int):
