@@ -116,11 +116,10 @@ def test_cache_after_rejections_matches_fresh_forward(tiny, prompt_ids):
     torch.testing.assert_close(cached_d, fresh_d, atol=1e-4, rtol=1e-4)
 
 
-def test_keep_compacts_cache_by_index(tiny, prompt_ids):
+def test_keep_narrows_the_cache_to_a_path(tiny, prompt_ids):
     target = tiny[0]
     seq = prompt_ids[1]
     target.reset()
     target.forward(seq + [5, 6, 7])          # extra branch tokens appended
-    keep = torch.tensor(list(range(len(seq) - 1)) + [len(seq) + 1])   # drop seq[-1], 5; keep 6
-    target.keep(keep)
+    target.keep(len(seq) - 1, [2])           # drop seq[-1], 5; keep 6
     assert target.cache_len == len(seq)

@@ -40,18 +40,26 @@ def test_strict_devices_catches_a_mixed_index():
         torch.empty(3, 2, device="meta").index_select(0, torch.tensor([0, 1]))
 
 
-def _sharded(tiny, rows: int = 3):
-    """A fork of the tiny target with ``rows`` batched rows prefilled, its second layer moved to meta."""
+def _to_meta(layer, width: int) -> None:
+    """A cache layer's buffers (and so its views) on ``meta``."""
+    layer._kbuf, layer._vbuf = layer._kbuf.to("meta"), layer._vbuf.to("meta")
+    layer.show(width)
+
+
+def _sharded(tiny, rows: int = 3, feed=None):
+    """A fork of the tiny target with ``rows`` batched rows prefilled (then fed ``feed``), its second layer moved
+    to meta."""
     t = tiny[0].fork()
     t.batch_reset(rows)
     for b in range(rows):
         t.batch_prefill(b, list(range(5 + 3 * b)))
-    layer = t.bcache.layers[1]
-    layer.keys, layer.values = layer.keys.to("meta"), layer.values.to("meta")
+    if feed:
+        t.batch_forward(feed)
+    _to_meta(t.bcache.layers[1], t.batch_width)
     return t
 
 
-def test_batch_select_indexes_each_layer_on_its_own_device(tiny):
+def test_batch_select_moves_rows_of_each_layer_on_its_own_device(tiny):
     t = _sharded(tiny)
     with StrictDevices():
         t.batch_select([2, 0])
@@ -59,21 +67,26 @@ def test_batch_select_indexes_each_layer_on_its_own_device(tiny):
     assert t.bcache.layers[0].keys.device.type == "cpu" and t.batch_lens == [11, 5]
 
 
-def test_batch_compact_gathers_each_layer_on_its_own_device(tiny):
-    t = _sharded(tiny)
-    t.batch_crop([2, 3, 4])
+def test_batch_keep_moves_columns_of_each_layer_on_its_own_device(tiny):
+    t = _sharded(tiny, feed=[[1, 2, 3]] * 3)
     with StrictDevices():
-        t.batch_compact()
-    assert t.batch_width == 4 and [layer.keys.shape[2] for layer in t.bcache.layers[:2]] == [4, 4]
+        t.batch_keep([[0, 2], [0], [0, 1, 2]])
+    assert t.batch_lens == [7, 9, 14] and [layer.keys.shape[2] for layer in t.bcache.layers[:2]] == [14, 14]
+    assert t.bcache.layers[1].keys.device.type == "meta"
 
 
-def test_keep_indexes_each_layer_on_its_own_device(tiny):
+@pytest.mark.parametrize("owned", [False, True])
+def test_keep_on_each_layer_on_its_own_device(tiny, owned):
+    """A layer on another device: its own buffer there (moved in place) or other tensors (index-selected)."""
     t = tiny[0].fork()
     t.forward(list(range(6)), logits=False)
     layer = t.cache.layers[1]
-    layer.keys, layer.values = layer.keys.to("meta"), layer.values.to("meta")
+    if owned:
+        _to_meta(layer, 6)
+    else:
+        layer.keys, layer.values = layer.keys.to("meta"), layer.values.to("meta")
     with StrictDevices():
-        t.keep(torch.tensor([0, 2, 5]))
+        t.keep(0, [0, 2, 5])
     assert t.cache.layers[1].keys.shape[2] == 3 and t.cache.layers[0].keys.shape[2] == 3
 
 

@@ -1,6 +1,6 @@
 """Fused draft forwards (models/fused.py, ``fused_layer`` in quant_gemm.c) on the tiny pair with q4 / q8
 drafts: logits agree with the same quantized draft run through transformers' modules, a row's logits are
-bit-identical alone or beside other rows (any token counts, cache holes), greedy sd and mars theta = 1 stay
+bit-identical alone or beside other rows (any token counts and lengths), greedy sd and mars theta = 1 stay
 token-identical to Hugging Face greedy, mars theta = 0.9 gives the same tokens at any batch size, and the
 loader turns the path on exactly for the drafts it covers."""
 import pytest
@@ -72,7 +72,7 @@ def test_a_rows_logits_do_not_depend_on_its_batch():
     prefill((alone,), [prompt])
     want = [alone.batch_forward([[7]])[0], alone.batch_forward([[8, 9]])[0]]
     prefill((fast,), [other, prompt])
-    fast.batch_forward([[1, 2, 3], []])            # row 1 gets a padding column: a hole in its cache
+    fast.batch_forward([[1, 2, 3], []])            # row 1 feeds nothing: the cache grows past its length
     fast.batch_crop([41, 25])
     got = [fast.batch_forward([[4, 5], [7]])[1], fast.batch_forward([[6], [8, 9]])[1]]
     for w, x in zip(want, got):

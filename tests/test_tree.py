@@ -1,5 +1,5 @@
 """Tree drafts: tree attention, greedy losslessness vs transformers' generate, MARS audit on trees,
-KV compaction after a non-leftmost branch, budget / stop conditions, spec validation."""
+the KV caches narrowed to the path after a non-leftmost branch, budget / stop conditions, spec validation."""
 import pytest
 import torch
 
@@ -128,7 +128,7 @@ def test_mars_tree_relaxed_nodes_satisfy_the_rule(tiny, prompt_ids, temperature,
     assert n > 0
 
 
-def test_kv_compaction_after_a_non_leftmost_branch(tiny, prompt_ids, record):
+def test_kv_keep_after_a_non_leftmost_branch(tiny, prompt_ids, record):
     """After accepting a branch that is not the first child, the target's and the draft's caches equal
     a fresh forward of the committed sequence."""
     target, draft, tok = tiny

@@ -4,7 +4,7 @@ Toy target and draft are trigram tables over a 3-token vocabulary behind a stand
 honours the 4-D tree mask (a node's context = the last two tokens it may attend to) and ``keep``, run
 through the real loop (``generate_tree``): dynamic and static trees, children by top-k (q = one-hot)
 or drawn without replacement. Each run emits L tokens (several steps: accepted paths, corrections
-and bonus tokens, with cache compaction in between); the empirical joint law of the L tokens is
+and bonus tokens, with the caches narrowed to the path in between); the empirical joint law of the L tokens is
 compared with the target's exact joint law by a chi-square test (fixed seeds: deterministic). The
 negative controls show the test fails for a lossy rule and for value-dependent pruning of sampled
 children. ``topk_q=draft`` (top-k children verified against the draft's probability, the MARS authors'
@@ -46,8 +46,8 @@ class TrigramLM(SequenceModel):
     def crop(self, length):
         del self.toks[length:]
 
-    def keep(self, index):
-        self.toks = [self.toks[i] for i in index.tolist()]
+    def keep(self, start, offsets):
+        self.toks = self.toks[:start] + [self.toks[start + o] for o in offsets]
 
     def forward(self, tokens, attention_mask=None, position_ids=None, logits=True, hidden_states=False):
         c, n = len(self.toks), len(tokens)

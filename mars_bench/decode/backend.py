@@ -25,7 +25,8 @@ MEMORY_FRACTION = 0.9     # share of the free device memory a batch's KV caches 
 class SequenceModel(Protocol):
     """One sequence and its KV cache: ``forward`` scores new tokens against the cache (raw logits
     [n, out_vocab]; ``hidden_states=True``: (logits, per-layer hidden states)), ``crop`` rolls the cache back
-    to a length, ``keep`` keeps cached positions by index (a tree's accepted path)."""
+    to a length, ``keep(start, offsets)`` keeps the first ``start`` cached positions and those at start +
+    offsets (a tree's accepted path among the fed nodes; offsets a host list, ascending)."""
     device: torch.device
     out_vocab: int
     forward_s: float          # seconds inside forwards
@@ -38,7 +39,7 @@ class SequenceModel(Protocol):
 
     def crop(self, length: int) -> None: ...
 
-    def keep(self, index: torch.Tensor) -> None: ...
+    def keep(self, start: int, offsets) -> None: ...
 
     def expect(self, n_tokens: int) -> None:
         """Hint: most forwards will score ``n_tokens`` tokens (a CPU fast path packs its weights for that
@@ -148,7 +149,7 @@ class RowByRow(Backend):
 
     def batch_keep(self, keep) -> None:
         for m, (start, _), idx in zip(self.rows, self._fed, keep):
-            m.keep(torch.tensor(list(range(start)) + [start + i for i in idx], dtype=torch.long))
+            m.keep(start, idx)
 
     def batch_select(self, rows) -> None:
         self.rows = [self.rows[b] for b in rows]
@@ -165,7 +166,7 @@ def check_memory(models, batch_size: int, tokens_per_row: int, rows_per_forward:
     """ValueError (one line, naming the device and the largest batch that fits) when a batch does not fit in
     MEMORY_FRACTION of the free memory of every device it uses: per device, ``batch_size`` rows of
     ``tokens_per_row`` cached tokens in the layers each model keeps there (``kv_bytes_by_device``), grown as
-    the cache grows (each model's ``cached_columns``: its compaction slack, then spare buffer columns), plus one
+    the cache grows (each model's ``cached_columns``: its buffer's spare columns), plus one
     more row while a prompt's prefill cache is copied into the batch, plus one forward's logits (model output
     and fp32 copy) on the logits' device. ``available``: free bytes (one number for every device, or
     {device: bytes})."""

@@ -2,23 +2,23 @@
 
 A single sequence (``decode.backend.SequenceModel``, what tree drafters use) is scored with ``forward``
 (n new tokens against the cache, raw logits), rolled back with ``crop`` (to a committed length) and
-compacted with ``keep`` (index selection, for tree drafts). Tree drafts pass a 4-D attention mask and
-per-token position ids through the same ``forward``.
+narrowed with ``keep(start, offsets)`` (a tree's accepted path: its columns moved down in place, the prefix
+untouched). Tree drafts pass a 4-D attention mask and per-token position ids through the same ``forward``.
 
 The decoding loop (``decode.engine``) uses a second cache, one for the whole batch, through the
 ``batch_*`` methods of ``decode.backend.Backend``: ``batch_reset`` (B empty rows), ``batch_prefill`` (a
 row's new prompt, scored alone exactly as at batch size 1), ``batch_forward`` (each row appends its own
 number of tokens), ``batch_crop`` (each row rolled back to its own length), ``batch_keep`` (a tree's
 accepted path) and ``batch_select`` (drop finished rows).
-Layout: the cache tensors are [B, heads, W, dim] for a common width W; ``bvalid`` [B, W] says which
-columns hold a row's committed tokens (in position order), so row b's length is ``bvalid[b].sum()``;
-``bcols`` keeps the same on the host (row b's valid column indices), so lengths, trims and crops never read
-the device (each read is a sync on CUDA).
-A forward appends n_max columns to every row: row b's n_b tokens take the first n_b of them and the
-rest are padding, masked out (attention mask) and never valid. Position ids are per row (its length
-+ i), so each row sees exactly its own sequence. Rolled-back and padding columns are dropped from the
-end when no row uses them, and the whole cache is compacted by index selection (each row's valid
-columns gathered to the front) once the width exceeds the longest row by ``COMPACT_SLACK``.
+Layout (``models.kvcache.RowCache``): every layer keeps a preallocated buffer [B, heads, capacity, dim]; row b
+holds its committed tokens at columns 0 .. len_b - 1, the lengths kept on the host (``blens``: no device read,
+each would be a sync on CUDA). A forward writes row b's n new tokens (padded to the longest feed) at ITS
+columns len_b .. len_b + n - 1, at positions len_b + i, and the layers show max(len_b) + n columns; the
+attention mask, built on the device from the lengths, lets row b see its columns below len_b and its own new
+tokens (causal, or a draft tree's ancestors), never another row's columns. So a crop only lowers len_b (the
+columns above are overwritten by the next write), a tree's accepted path moves within the row's tail (a few
+columns), and nothing is ever gathered to compact the cache. Rows leaving the batch keep the buffer: the
+rows behind a gap move down into it (the one copy, of those rows only) and the layers show fewer rows.
 """
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ import torch
 from ..decode.backend import Backend, SequenceModel
 from ..decode.tree.mask import ancestors
 
-COMPACT_SLACK = 32       # batched cache: unused columns tolerated beyond the longest row before compacting
 FUSED_MAX = 32           # single-sequence forwards of at most this many tokens take the fused draft path (not prefill)
 PAD_ID = 0               # batched forwards: the id fed in padding slots (masked out, its logits unused)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
@@ -50,61 +49,54 @@ class BatchCacheMixin(Backend):
 
     @torch.inference_mode()
     def batch_reset(self, rows: int) -> None:
-        self.bcache = self._cache_cls(config=self.model.config)
-        self.bvalid = torch.zeros(rows, 0, dtype=torch.bool, device=self.device)
-        self.bcols: list[list[int]] = [[] for _ in range(rows)]   # host copy of bvalid: each row's valid columns
+        from .kvcache import RowCache
+
+        self.bcache = RowCache(config=self.model.config)
+        self.blens: list[int] = [0] * rows       # committed tokens per row: its columns 0 .. len - 1
+        self._fed: tuple[list[int], list[int]] = ([0] * rows, [0] * rows)   # the last forward: lengths before, counts
 
     @property
     def batch_rows(self) -> int:
-        return self.bvalid.shape[0]
+        return len(self.blens)
 
     @property
     def batch_width(self) -> int:
-        return self.bvalid.shape[1]
+        """Columns the cache tensors show between forwards: the longest row."""
+        return max(self.blens, default=0)
 
     @property
     def batch_lens(self) -> list[int]:
         """Committed tokens cached per row (from the host copy: no device read)."""
-        return [len(c) for c in self.bcols]
+        return list(self.blens)
 
     def _layers(self):
-        return [layer for layer in self.bcache.layers if getattr(layer, "is_initialized", False)]
+        return [layer for layer in self.bcache.layers if layer.is_initialized]
 
-    @torch.inference_mode()
-    def _widen(self, width: int) -> None:
-        """Pad every row with unused columns up to ``width``."""
-        extra = width - self.batch_width
-        if extra <= 0:
-            return
+    def _show(self) -> None:
         for layer in self._layers():
-            b, h, _, d = layer.keys.shape
-            pad = layer.keys.new_zeros(b, h, extra, d)
-            layer.keys = torch.cat([layer.keys, pad], -2)
-            layer.values = torch.cat([layer.values, pad], -2)
-        self.bvalid = torch.cat([self.bvalid, self.bvalid.new_zeros(self.batch_rows, extra)], 1)
+            layer.show(self.batch_width)
 
     @torch.inference_mode()
     def batch_prefill(self, row: int, tokens, hidden_states: bool = False):
         """Make ``row`` hold ``tokens`` only (a new sequence). They are scored alone, on the single-sequence
-        cache, as ``forward(tokens, logits=False)`` does at batch size 1, then copied into the row.
-        ``hidden_states=True`` returns the forward's per-layer hidden states (None for no tokens)."""
+        cache, as ``forward(tokens, logits=False)`` does at batch size 1, then copied into the row's columns
+        0 .. n - 1. ``hidden_states=True`` returns the forward's per-layer hidden states (None for no tokens)."""
+        if not 0 <= row < self.batch_rows:
+            raise ValueError(f"batch_prefill row={row}; the batched cache has rows 0..{self.batch_rows - 1}")
         tokens = list(tokens)
-        self.bvalid[row] = False
-        self.bcols[row] = list(range(len(tokens)))
+        n = self.blens[row] = len(tokens)
         if not tokens:
+            self._show()
             return None
         self.reset()
         out = self.forward(tokens, logits=False, hidden_states=hidden_states)
-        n = len(tokens)
-        self._widen(n)
+        rows = self.batch_rows
         for bl, sl in zip(self.bcache.layers, self.cache.layers):
-            if not getattr(bl, "is_initialized", False):   # first row ever: shape the batch tensors after this one
-                bl.lazy_initialization(sl.keys, sl.values)
-                shape = (self.batch_rows, sl.keys.shape[1], self.batch_width, sl.keys.shape[3])
-                bl.keys, bl.values = sl.keys.new_zeros(shape), sl.values.new_zeros(shape)
-            bl.keys[row, :, :n] = sl.keys[0]
-            bl.values[row, :, :n] = sl.values[0]
-        self.bvalid[row, :n] = True
+            k, v = sl.keys, sl.values
+            bl.hold(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1), self.batch_width)
+            bl._kbuf[row, :, :n] = k[0]
+            bl._vbuf[row, :, :n] = v[0]
+        self._show()
         self.reset()                                      # the single-sequence cache is free again
         return out[1] if hidden_states else None
 
@@ -124,14 +116,15 @@ class BatchCacheMixin(Backend):
         if n == 0:
             empty = [torch.empty(0, self.out_vocab, device=self.device) for _ in tokens]
             return (empty, [None] * rows) if hidden_states else empty
-        width, held = self.batch_width, self.batch_lens
+        held, width = list(self.blens), self.batch_width
+        self._fed = (held, counts)
+        self.blens = [h + c for h, c in zip(held, counts)]
+        tree_rows = any(t is not None for t in (trees or []))
+        if self.fused is not None and width and not hidden_states and not tree_rows:
+            return self._fused_forward(tokens, held)
         lens = torch.tensor(held, device=self.device)
-        # one row, a plain chain over a gap-free cache: the causal default, exactly the single-sequence forward
-        trees_or_holes = any(t is not None for t in (trees or [])) or any(h != width for h in held)
-        count = torch.tensor(counts, device=self.device)
-        if self.fused is not None and width and not hidden_states and not any(t is not None for t in (trees or [])):
-            return self._fused_forward(tokens, width, lens, count)
         ids = _padded_ids(tokens, n, self.device)
+        count = torch.tensor(counts, device=self.device)
         new_ok = torch.arange(n, device=self.device)[None] < count[:, None]                # [B, n]
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         own = (causal[None] & new_ok[:, None, :]).clone()                                 # real new tokens
@@ -142,51 +135,47 @@ class BatchCacheMixin(Backend):
                 own[b, :m, :m] = ancestors(tree.parents[:m], self.device, max(tree.depths[:m]))
                 offset[b, :m] = torch.tensor(tree.depths[:m], device=self.device)
         own |= torch.eye(n, dtype=torch.bool, device=self.device)[None]                  # padding sees itself: no empty row
-        pos = lens[:, None] + offset
-        if width == 0 or not self._layers():
-            self.bcache = self._cache_cls(config=self.model.config)   # nothing cached yet: start the tensors here
-        kwargs = {self._cache_kw: self.bcache, "use_cache": True, "position_ids": pos}
-        if rows > 1 or trees_or_holes:
-            allowed = torch.cat([self.bvalid[:, None, :].expand(rows, n, width), own], 2)    # [B, n, W + n]
+        at = lens[:, None] + torch.arange(n, device=self.device)[None]                     # [B, n]: each row's own columns
+        self.bcache.aim(at, width + n)
+        kwargs = {self._cache_kw: self.bcache, "use_cache": True, "position_ids": lens[:, None] + offset}
+        if rows > 1 or tree_rows:   # one chain row: the causal default, exactly the single-sequence forward
+            allowed = _row_mask(own, lens, width + n)                                      # [B, n, W + n]
             dtype = next(self.model.parameters()).dtype
             mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
             kwargs["attention_mask"] = {"full_attention": mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]}
         if hidden_states:
             kwargs["output_hidden_states"] = True
-        with self._timed():
-            out = self.model(input_ids=ids, **kwargs)
-            z = out.logits.float()
-        self._fed = (width, counts)
-        self._append_cols(width, counts)
-        self.bvalid = torch.cat([self.bvalid, new_ok], 1)
+        try:
+            with self._timed():
+                out = self.model(input_ids=ids, **kwargs)
+                z = out.logits.float()
+        finally:
+            self.bcache.aim(None)
+        self._show()
         z = self._widen_logits(z)
         zs = [z[b, : len(t)] for b, t in enumerate(tokens)]
         if not hidden_states:
             return zs
         return zs, [tuple(h[b:b + 1, : len(t)] for h in out.hidden_states) for b, t in enumerate(tokens)]
 
-    def _fused_forward(self, tokens: list[list[int]], width: int, lens: torch.Tensor, count: torch.Tensor):
+    def _fused_forward(self, tokens: list[list[int]], held: list[int]):
         """``batch_forward`` of chains through ``self.fused`` (models/fused.py): token i of row b at position
-        len_b + i and cache column width + i, attending to the row's valid columns and its new ones up to i."""
-        ids, rows, index, keys = [], [], [], []
+        and cache column len_b + i, attending to the row's columns 0 .. len_b + i."""
+        ids, rows, cols, keys = [], [], [], []
         for b, t in enumerate(tokens):
             if not len(t):
                 continue
             t = t.tolist() if isinstance(t, torch.Tensor) else list(t)     # the fused path runs on the CPU
-            held = torch.tensor(self.bcols[b], dtype=torch.long)
             ids += t
             rows += [b] * len(t)
-            index += range(len(t))
-            keys += _chain_keys(held, width, len(t))
-        rows_t, index_t = torch.tensor(rows, device=self.device), torch.tensor(index, device=self.device)
+            cols += range(held[b], held[b] + len(t))
+            keys += _chain_keys(held[b], len(t))
+        cols_t = torch.tensor(cols, device=self.device)
         with self._timed():
-            z = self.fused.forward(self.bcache, torch.tensor(ids, device=self.device), lens[rows_t] + index_t, rows_t,
-                                   width + index_t, *_flat(keys), width)
-        counts = [len(t) for t in tokens]
-        n = max(counts)
-        self._fed = (width, counts)
-        self._append_cols(width, counts)
-        self.bvalid = torch.cat([self.bvalid, torch.arange(n, device=self.device)[None] < count[:, None]], 1)
+            z = self.fused.forward(self.bcache, torch.tensor(ids, device=self.device), cols_t,
+                                   torch.tensor(rows, device=self.device), cols_t, *_flat(keys),
+                                   self.batch_rows, max(self.blens))
+        self._show()
         z = self._widen_logits(z)
         parts, at = [], 0
         for t in tokens:
@@ -197,72 +186,59 @@ class BatchCacheMixin(Backend):
     @torch.inference_mode()
     def batch_keep(self, keep: list[list[int]]) -> None:
         """Of the tokens the last ``batch_forward`` fed, row b keeps only those at indices ``keep[b]``
-        (ascending; a tree's accepted path); then drop columns no row uses."""
-        start, counts = self._fed
-        for b, (idx, n) in enumerate(zip(keep, counts)):
-            drop = sorted(set(range(n)) - set(idx))
-            if drop:
-                self.bvalid[b, torch.tensor(drop, device=self.device) + start] = False
-                cols, gone = self.bcols[b], {start + i for i in drop}
-                cols[len(cols) - n:] = [c for c in cols[len(cols) - n:] if c not in gone]   # the fed ones are last
-        self._trim()
+        (ascending; a tree's accepted path): they move down to the row's columns len_b, len_b + 1, ... (only
+        the ones whose place changes; the row's committed columns are untouched)."""
+        held, counts = self._fed
+        if len(keep) != self.batch_rows:
+            raise ValueError(f"batch_keep got {len(keep)} rows; the batched cache has {self.batch_rows}")
+        moved = [[], [], []]                      # row, source column, destination column
+        for b, (idx, start, n) in enumerate(zip(keep, held, counts)):
+            idx = list(idx)
+            if any(not 0 <= i < n for i in idx) or idx != sorted(set(idx)):
+                raise ValueError(f"batch_keep row {b}: indices {idx}; allowed: ascending, among the {n} fed")
+            for k, i in enumerate(idx):
+                if i != k:
+                    moved[0].append(b)
+                    moved[1].append(start + i)
+                    moved[2].append(start + k)
+            self.blens[b] = start + len(idx)
+        if moved[0]:
+            on = _per_device(torch.tensor(moved, dtype=torch.long))
+            for layer in self._layers():
+                layer.move(*on(layer.keys.device))
+        self._show()
 
     @torch.inference_mode()
     def batch_crop(self, lengths: list[int]) -> None:
-        """Roll row b back to its first ``lengths[b]`` committed tokens; then drop columns no row uses."""
-        for b, length in enumerate(lengths):
-            cols = self.bcols[b]
-            if length < len(cols):
-                self.bvalid[b, torch.tensor(cols[length:], dtype=torch.long, device=self.device)] = False
-                del cols[length:]
-        self._trim()
+        """Roll row b back to its first ``lengths[b]`` committed tokens (its columns above are free)."""
+        self.blens = [min(h, length) for h, length in zip(self.blens, lengths)]
+        self._show()
 
     @torch.inference_mode()
     def batch_select(self, rows: list[int]) -> None:
-        """Keep only these rows (by index, in this order): finished rows leave the batch."""
-        index = torch.as_tensor(rows, dtype=torch.long)
-        on = _per_device(index)           # device_map over several GPUs: each layer's index on its own device
-        for layer in self._layers():
-            layer.keys = layer.keys.index_select(0, on(layer.keys.device))
-            layer.values = layer.values.index_select(0, on(layer.values.device))
-        self.bvalid = self.bvalid.index_select(0, on(self.bvalid.device))
-        self.bcols = [self.bcols[b] for b in rows]
-        self._trim()
-
-    @torch.inference_mode()
-    def _trim(self) -> None:
-        end = max((c[-1] + 1 for c in self.bcols if c), default=0)
-        if end < self.batch_width:
+        """Keep only these rows (by index, in this order): finished rows leave the batch. The buffers stay;
+        a kept row whose slot changes is copied into its new slot (its committed columns only: the one copy),
+        and the layers show the first len(rows) rows."""
+        moved = [(i, r) for i, r in enumerate(rows) if i != r]
+        if moved:
+            dst, src = (torch.tensor(x, dtype=torch.long) for x in zip(*moved))
+            width = max(self.blens[r] for _, r in moved)
+            on_src, on_dst = _per_device(src), _per_device(dst)
             for layer in self._layers():
-                layer.keys, layer.values = layer.keys[:, :, :end], layer.values[:, :, :end]
-            self.bvalid = self.bvalid[:, :end]
-        if self.batch_width > max(self.batch_lens, default=0) + COMPACT_SLACK:
-            self.batch_compact()
-
-    @torch.inference_mode()
-    def batch_compact(self) -> None:
-        """Gather each row's valid columns to the front (index selection): width = the longest row."""
-        held = self.batch_lens
-        lens, width = torch.tensor(held, dtype=torch.long, device=self.device), max(held, default=0)
-        # stable sort puts valid columns first, in position order; padding columns follow
-        order = torch.sort((~self.bvalid).to(torch.int8), dim=1, stable=True).indices[:, :width]
-        on = _per_device(order)
+                layer.move_rows(on_src(layer.keys.device), on_dst(layer.keys.device), width)
+        self.blens = [self.blens[r] for r in rows]
+        self._fed = tuple([x[r] for r in rows] for x in self._fed)
         for layer in self._layers():
-            idx = on(layer.keys.device)[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-            layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx.to(layer.values.device))
-        self.bvalid = torch.arange(width, device=self.device)[None] < lens[:, None]
-        self.bcols = [list(range(h)) for h in held]
-
-    def _append_cols(self, width: int, counts: list[int]) -> None:
-        for cols, c in zip(self.bcols, counts):
-            cols.extend(range(width, width + c))
+            layer.rows = len(rows)
+        self._show()
 
     def cached_columns(self, tokens: int) -> int:
-        """Columns a batch row's cache may take for ``tokens`` committed ones (``decode.backend.check_memory``):
-        compaction only past COMPACT_SLACK unused columns, and each layer's buffer has spare columns."""
+        """Columns a batch row's cache may take for ``tokens`` cached ones (``decode.backend.check_memory``; a
+        step's fed tokens included): the buffer's capacity, spare columns and all (no compaction slack: a row's
+        tokens always take its first columns)."""
         from .kvcache import capacity
 
-        return capacity(tokens + COMPACT_SLACK)
+        return capacity(tokens)
 
     def kv_bytes_by_device(self) -> dict:
         """{device: KV-cache bytes one cached token takes in the decoder layers placed there} (several devices
@@ -322,8 +298,8 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.cache = None
-        self.bcache, self.bvalid = None, None   # batched cache and its [B, W] valid-column mask
-        self.bcols: list[list[int]] = []         # bvalid on the host: each row's valid columns, ascending
+        self.bcache = None                      # the batched cache (a RowCache)
+        self.blens: list[int] = []              # its rows' lengths, on the host
         self.fused = None         # a models.fused.FusedDraft: batched chain forwards in one C call per layer
         self.forward_s = 0.0      # accumulated wall seconds inside forward()
         self.n_forwards = 0
@@ -335,7 +311,7 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
         """Another adapter over the same weights with its own (empty) caches: one per sequence where a
         drafter keeps per-sequence state (tree drafting at batch size > 1)."""
         twin = copy.copy(self)
-        twin.bcache, twin.bvalid, twin.bcols, twin.forward_s, twin.n_forwards = None, None, [], 0.0, 0
+        twin.bcache, twin.blens, twin.forward_s, twin.n_forwards = None, [], 0.0, 0
         twin.reset()
         return twin
 
@@ -353,12 +329,34 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
         if extra > 0:
             self.cache.crop(-extra)   # transformers 5.x: a negative count = tokens to remove
 
-    def keep(self, index: torch.Tensor) -> None:
-        """Keep only the cached positions in ``index`` (ascending), in that order."""
-        on = _per_device(index)
+    @torch.inference_mode()
+    def keep(self, start: int, offsets) -> None:
+        """Keep the first ``start`` cached positions, then those at start + ``offsets`` (ascending; a tree's
+        accepted path among the fed nodes), in that order. A layer owning its buffer moves only the kept columns
+        whose place changes, in place (the prefix is untouched); any other layer is index-selected."""
+        from .kvcache import GrowingLayer
+
+        offsets, length = list(offsets), self.cache_len
+        if not 0 <= start <= length or offsets != sorted(set(offsets)) or any(not 0 <= o < length - start
+                                                                              for o in offsets):
+            raise ValueError(f"keep(start={start}, offsets={offsets}) on {length} cached positions; allowed: "
+                             f"0 <= start <= {length}, offsets ascending, each in 0..{length - start - 1}")
+        moved = [(start + o, start + k) for k, o in enumerate(offsets) if o != k]
+        moves = _per_device(torch.tensor([[0] * len(moved), [s for s, _ in moved], [d for _, d in moved]],
+                                         dtype=torch.long)) if moved else None
+        kept = None
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(-2, on(layer.keys.device))
-            layer.values = layer.values.index_select(-2, on(layer.values.device))
+            if not layer.is_initialized:
+                continue
+            if isinstance(layer, GrowingLayer) and layer.owns():
+                if moves is not None:
+                    layer.move(*moves(layer.keys.device))
+                layer.show(start + len(offsets))
+                continue
+            if kept is None:
+                kept = _per_device(torch.tensor(list(range(start)) + [start + o for o in offsets], dtype=torch.long))
+            layer.keys = layer.keys.index_select(-2, kept(layer.keys.device))
+            layer.values = layer.values.index_select(-2, kept(layer.values.device))
 
     def expect(self, n_tokens: int) -> None:
         """Hint: most forwards will score ``n_tokens`` tokens (k + 1 when verifying, 1 when drafting)."""
@@ -404,11 +402,10 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
         n, width = ids.shape[1], self.cache_len
         if (self.fused is not None and logits and not hidden_states and attention_mask is None and position_ids is None
                 and width and 0 < n <= FUSED_MAX):
-            at = torch.arange(n, device=self.device)
-            keys = _chain_keys(torch.arange(width), width, n)
+            at = torch.arange(width, width + n, device=self.device)
             with self._timed():
-                z = self.fused.forward(self.cache, ids[0], width + at, torch.zeros_like(at), width + at, *_flat(keys),
-                                       width)
+                z = self.fused.forward(self.cache, ids[0], at, torch.zeros_like(at), at, *_flat(_chain_keys(width, n)),
+                                       1, width + n)
             return self._widen_logits(z)
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
         if attention_mask is not None:
@@ -446,10 +443,20 @@ def _per_device(index: torch.Tensor):
     return on
 
 
-def _chain_keys(held: torch.Tensor, width: int, n: int) -> list[torch.Tensor]:
-    """Cache columns each of a row's n new chain tokens attends to: the row's ``held`` columns, then the new
-    columns width .. width + i (token i and the ones before it)."""
-    return [torch.cat([held, torch.arange(width, width + i + 1)]) for i in range(n)]
+def _chain_keys(length: int, n: int) -> list[torch.Tensor]:
+    """Cache columns each of a row's n new chain tokens attends to: the row's ``length`` cached columns, then
+    its new columns length .. length + i (token i and the ones before it)."""
+    return [torch.arange(length + i + 1) for i in range(n)]
+
+
+def _row_mask(own: torch.Tensor, lens: torch.Tensor, width: int) -> torch.Tensor:
+    """Bool [B, n, width]: query i of row b sees the row's columns below ``lens[b]`` and, among its new columns
+    lens[b] + j (j < n), those ``own[b, i, j]`` allows."""
+    rows, n = own.shape[:2]
+    rel = torch.arange(width, device=own.device)[None] - lens[:, None]                   # [B, W]: column - len_b
+    new = (rel >= 0) & (rel < n)
+    mine = own.gather(2, rel.clamp(0, n - 1)[:, None, :].expand(rows, n, width))       # own[b, i, rel]
+    return (rel < 0)[:, None, :] | (mine & new[:, None, :])
 
 
 def _flat(keys: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ full attention, SiLU MLP; the adapter's batched chain forwards (``batch_forward`
 states: every draft step of the chain proposer, any batch size) and single-sequence forwards of up to
 ``adapter.FUSED_MAX`` tokens after a prefill. Prefill and tree forwards keep the transformers path. Each
 token is computed from its own inputs and keys only (row-invariant linears, attention over exactly the
-row's valid cache columns, fixed summation order), so a row's drafts do not depend on its batch. The arithmetic differs from the transformers path in the last bits (vectorized exp,
+row's cache columns 0 .. its own, fixed summation order), so a row's drafts do not depend on its batch. The arithmetic differs from the transformers path in the last bits (vectorized exp,
 summation order): the draft proposes, the target decides, so lossless rules stay lossless (tested
 token-identical to ar), and ``fused.supports`` says why a model is not eligible.
 """
@@ -67,7 +67,8 @@ def supports(model) -> str | None:
 
 
 class FusedDraft:
-    """Chain forwards of a quantized decoder (``supports(model)`` is None) against a ``GrowingCache``."""
+    """Chain forwards of a quantized decoder (``supports(model)`` is None) against a ``GrowingCache`` or
+    ``RowCache`` (models/kvcache.py)."""
 
     def __init__(self, model):
         why = supports(model)
@@ -89,28 +90,23 @@ class FusedDraft:
 
     @torch.inference_mode()
     def forward(self, cache, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                keys: torch.Tensor, key_off: torch.Tensor, width: int) -> torch.Tensor:
-        """Raw logits [M, vocab] of M new tokens: token m at position ``pos[m]`` of batch row ``rows[m]``, its
-        keys and values written to cache column ``cols[m]`` (>= ``width``, the cache's current width), and
-        attending to the columns ``keys[key_off[m]:key_off[m + 1]]`` (its own included). The cache grows
-        by ``max(cols) - width + 1`` columns; columns no token writes are zeroed."""
+                keys: torch.Tensor, key_off: torch.Tensor, batch: int, width: int) -> torch.Tensor:
+        """Raw logits [M, vocab] of M new tokens: token m at position ``pos[m]`` of row ``rows[m]`` (of the
+        cache's ``batch`` rows), its keys and values written to cache column ``cols[m]`` (< ``width``), and
+        attending to the columns ``keys[key_off[m]:key_off[m + 1]]`` (its own included). The cache layers then
+        show ``width`` columns (``GrowingLayer.hold`` / ``show``: the buffer grows only past its capacity);
+        columns no token writes keep what they held (zeros or a dropped token's finite values, never attended
+        by a row that does not hold them)."""
         inner, m = self.model.model, ids.numel()
         x = inner.embed_tokens(ids).float().reshape(m, self.hidden).contiguous()
         cos, sin = inner.rotary_emb(x[None], pos[None])
         cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
-        grow = int(cols.max()) - width + 1
         rows_i, cols_i = rows.to(torch.int32).contiguous(), cols.to(torch.int32).contiguous()
         keys_i, off_i = keys.to(torch.int32).contiguous(), key_off.to(torch.int32).contiguous()
         threads = torch.get_num_threads()
-        batch = int(cache.layers[0].keys.shape[0])
-        like = x.new_empty(batch, self.kv_heads, grow, self.head_dim)
+        like = x.new_empty(batch, self.kv_heads, 0, self.head_dim)
         for layer, ((ln1, ln2), w, b, _) in zip(cache.layers, self.layers):
-            start = layer.reserve(like, like, grow)
-            if start != width:
-                raise RuntimeError(f"cache layer holds {start} columns; the batch is {width} wide")
-            if m != batch * grow:   # padding columns (rows feeding fewer tokens) hold zeros, never garbage
-                layer._kbuf[:, :, width:width + grow].zero_()
-                layer._vbuf[:, :, width:width + grow].zero_()
+            layer.hold(like, like, width)
             rc = self.lib.fused_layer(self.bits, m, self.hidden, x.data_ptr(), ln1.data_ptr(), ln2.data_ptr(), self.eps,
                                       w, b, self.ffn, self.heads, self.kv_heads, self.head_dim, self.scale,
                                       cos.data_ptr(), sin.data_ptr(), layer._kbuf.data_ptr(), layer._vbuf.data_ptr(),
@@ -118,5 +114,5 @@ class FusedDraft:
                                       off_i.data_ptr(), threads)
             if rc != 0:
                 raise MemoryError(f"fused draft layer failed (code {rc}) for {m} tokens")
-            layer.advance(grow)
+            layer.show(width)
         return self.model.lm_head(inner.norm(x)).float()

@@ -17,7 +17,7 @@ from ..tree.mask import SlotTree, additive_mask
 
 class LMDrafter:
     """Tree drafting with a small causal LM behind a ``CausalLMAdapter`` (its cache holds committed
-    tokens, then the fed tree nodes; ``commit`` keeps the accepted ones by index selection)."""
+    tokens, then the fed tree nodes; ``commit`` keeps the accepted ones, moved down in place)."""
     needs_hidden = False
 
     def __init__(self, lm):
@@ -55,8 +55,7 @@ class LMDrafter:
     def commit(self, tree, path: list[int], committed: list[int], hidden=None) -> None:
         if self._slots is None:
             return
-        fed = [self._slots.base + tree.slots[j] for j in path if tree.slots[j] >= 0]
-        self.lm.keep(torch.cat([torch.arange(self._slots.base), torch.tensor(fed, dtype=torch.long)]))
+        self.lm.keep(self._slots.base, [tree.slots[j] for j in path if tree.slots[j] >= 0])
         self._slots = None
 
 

@@ -32,7 +32,7 @@ How children are chosen (``TreeSpec.children``; greedy decoding always uses ``to
 
 Drafters (``drafters.lm.LMDrafter`` over a small causal LM; ``drafters.eagle3.Eagle3Drafter``) are asked for
 the root's logits once and for each frontier in one forward per depth; a fed node gets the next
-drafter slot, which is how the drafter's cache is compacted after verification. Top-k dynamic trees are
+drafter slot, which is how the drafter's cache keeps the accepted path after verification. Top-k dynamic trees are
 built on the drafter's device and read to the host once (``_dynamic_on_device``); sampled children and
 static trees are built on the host.
 The loop that drives them is ``decode.engine`` (through ``proposers.tree``).
