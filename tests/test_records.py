@@ -155,6 +155,25 @@ def test_machine_is_recorded_and_speed_compares_only_within_one_machine():
     assert len(M.speed_pairs(legacy, ar)) == 6
 
 
+def test_two_generations_behind_one_cpu_name_are_two_machines():
+    """Virtual machines report 'AMD EPYC' for Zen 1 (family 23) and Zen 3 (family 25) alike, ~2x apart in speed:
+    the recorded name carries family and model, so their samples are never paired for a speedup."""
+    from mars_bench.models.panel import parse_cpuinfo
+
+    def info(family):
+        return (f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: 1\n"
+                "model name\t: AMD EPYC\nflags\t\t: fpu avx avx2 fma\n\nprocessor\t: 1\ncpu family\t: 99\n")
+
+    (zen1, flags), (zen3, _) = parse_cpuinfo(info(23)), parse_cpuinfo(info(25))
+    assert zen1 == "AMD EPYC (family 23 model 1)" and zen3 == "AMD EPYC (family 25 model 1)"
+    assert {"avx2", "fma"} <= flags
+    assert parse_cpuinfo("Features\t: fp asimd bf16\nCPU implementer\t: 0x41\n") == ("", {"fp", "asimd", "bf16"})
+    here = P.machine()
+    ar = [SampleRecord(id=f"s{i}", new_tokens=10, steps=5, wall_s=2.0, machine={**here, "cpu": zen1}) for i in range(3)]
+    sd = [SampleRecord(id=f"s{i}", new_tokens=10, steps=5, wall_s=1.0, machine={**here, "cpu": zen3}) for i in range(3)]
+    assert len(M.speed_pairs(sd, ar)) == 0
+
+
 def test_a_summary_over_two_machines_is_current_for_the_report(tmp_path):
     """summary.json's speedup pairs only same-machine samples; the report must read it as current, not restate
     it (a restated summary has no references, so its BLEU tests would be lost)."""
