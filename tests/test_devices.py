@@ -105,10 +105,10 @@ def test_q_draft_meets_the_target_logits_on_their_device(rule):
     assert out.accept.device.type == "meta"
 
 
-def test_sampled_tree_child_q_is_on_the_logits_device():
+def test_sampled_tree_children_q_is_on_the_logits_device():
     q = torch.softmax(torch.randn(7), -1)
     tree = DraftTree([1, 2, 3], [-1, 0, 0], [0, 1, 1], [-1, -1, -1], mode="sample", q={0: q})
-    assert tree.child_q(0, 1, 7, torch.device("meta")).device.type == "meta"
+    assert tree.children_q(7, torch.device("meta")).device.type == "meta"
 
 
 def test_eagle3_rotary_stays_fp32_after_a_bf16_load(tmp_path):

@@ -158,10 +158,6 @@ class DraftTree:
             anc[j] |= anc[self.parents[j]]
         return anc
 
-    def child_q(self, node: int, i: int, vocab: int, device) -> torch.Tensor:
-        """The q the i-th child of ``node`` is verified against: its row of ``children_q``."""
-        return self.children_q(vocab, device)[self.children[node][i] - 1]
-
     def children_q(self, vocab: int, device) -> torch.Tensor:
         """Float [n - 1, V]: row j - 1 is the q node j is verified against given its earlier siblings (see
         tree.verify), every node of the tree at once. Top-k children: one-hot (they were not drawn: a point
