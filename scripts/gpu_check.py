@@ -18,6 +18,10 @@ Checks (random models: the drafts are rarely accepted; the point is the engine, 
   split      per-step milliseconds: draft / target / outside the forwards, per method (the engine's own
              per-step times, GenerateResult); no tokens/s is timed here.
   reads      host reads (device syncs) per step, greedy chain and tree, B = 1: <= 2 each.
+  capture    sd k=4 with the batched forwards at fixed shapes (eager), and on CUDA captured as
+             model.capture=compile does (torch.compile reduce-overhead: CUDA graphs; its compile and
+             recording timed apart): tokens vs the eager sd (required equal on a CPU, reported on CUDA);
+             their per-step times sit beside the eager sd's in the split table: what decides the setting.
   memory     (cuda) peak allocated during the B = 8 run vs check_memory's estimate: peak <= estimate.
   runner     the runner's interleaved path on the device, in its own process: `mars-bench +compare=methods
              task=prompts model=tiny model.device=<device>` (ar, sd, mars interleaved sample by sample): every
@@ -209,6 +213,32 @@ def host_reads(target, draft, prompts, cfg, method, tree=None) -> float:
     return round(reads.total / sum(r.steps for r in res), 3)
 
 
+def capture_checks(target, draft, prompts, device, exact: bool, ref, run) -> list:
+    """sd k=4 with fixed-shape batched forwards ("fixed": eager), and on CUDA through ``models.pairs.capture``
+    ("compile"), each against the eager sd's tokens ``ref``; ``run`` puts their per-step times in the split
+    table. The adapters are put back to eager afterwards."""
+    from mars_bench.models.pairs import capture
+
+    checks = []
+    for mode in ["fixed"] + (["compile"] if device.type == "cuda" else []):
+        t0 = time.perf_counter()
+        for a in (target, draft):
+            a.fixed_shape = True
+            if mode == "compile":
+                capture(a, "compile", device)
+        try:
+            if mode == "compile":      # compiling and recording the shapes this run takes: not in its timing
+                for p in prompts:
+                    generate(target, draft, None, p, METHODS["sd k=4"], DecodeConfig(max_new_tokens=8))
+            setup_s = round(time.perf_counter() - t0, 1)
+            got = run(f"sd k=4 {mode}", METHODS["sd k=4"])
+        finally:
+            for a in (target, draft):
+                a.fixed_shape, a.step_model = False, a.model
+        checks.append({**compare(f"sd_k4_{mode}_vs_eager", got, ref, target, prompts, exact), "setup_s": setup_s})
+    return checks
+
+
 def runner_check(device, n: int, max_new: int, exact: bool):
     """(check, rows): the runner's interleaved path on ``device`` with the tiny pair (ar, sd, mars of
     conf/compare/methods.yaml on the built-in prompts), in its own process, read back as rows
@@ -290,6 +320,7 @@ def main(argv=None) -> int:
              "sd_tree": host_reads(target, draft, prompts[:2], short, METHODS["sd_tree"], TREE)}
     checks.append({"check": "host_reads_per_step", **reads,
                    "passed": reads["sd k=4"] <= 2 and reads["sd_tree"] <= 2})
+    checks += capture_checks(target, draft, prompts, device, exact, outs["sd k=4"], run)
     rows = None
     if args.runner_prompts:
         check, rows = runner_check(device, args.runner_prompts, min(32, args.max_new), exact)

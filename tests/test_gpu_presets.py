@@ -47,7 +47,7 @@ def test_warm_up_decodes_each_method_briefly_and_restores_the_budget():
 
 def test_capture_is_off_by_default_and_refused_on_cpu():
     model = torch.nn.Linear(2, 2)
-    assert capture(model, "off", torch.device("cpu")) is model
+    assert capture(model, "off", torch.device("cpu")) is model and not hasattr(model, "step_model")
     with pytest.raises(ConfigError, match=r"^model.capture=compile on cpu; allowed there: off"):
         capture(model, "compile", torch.device("cpu"))
     with pytest.raises(ConfigError, match=r"^model.capture='graphs'; allowed: off, compile$"):

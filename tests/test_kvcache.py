@@ -70,7 +70,7 @@ class CopyingLayer(GrowingLayer):
         self._kbuf = self._vbuf = None                       # no longer owned: a new buffer, the views copied
         super().hold(key_states, value_states, max(width, old[0].shape[2] if old[0] is not None else 0))
 
-    def write(self, key_states, value_states, at, width):
+    def write(self, key_states, value_states, at, width, held=False):
         self.hold(key_states, value_states, width)
         kb, vb = self._kbuf.clone(), self._vbuf.clone()
         for b in range(key_states.shape[0]):

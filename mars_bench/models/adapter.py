@@ -19,6 +19,12 @@ tokens (causal, or a draft tree's ancestors), never another row's columns. So a 
 columns above are overwritten by the next write), a tree's accepted path moves within the row's tail (a few
 columns), and nothing is ever gathered to compact the cache. Rows leaving the batch keep the buffer: the
 rows behind a gap move down into it (the one copy, of those rows only) and the layers show fewer rows.
+
+Fixed shapes (``fixed_shape``, set where ``model.capture`` is on): a batched forward's cache views and mask
+span ``fixed_columns(max(len_b) + n)`` columns (a power of two, at least ``FIXED_MIN``) instead of exactly
+max(len_b) + n, every row masked by its length as above. The forwards of a decode then take a few shapes
+(rows x fed tokens x a width that changes O(log length) times), not one per token, so each shape can be
+captured once (CUDA graphs) and replayed; the masked columns add attention work, never weight reads.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ import torch
 from ..decode.backend import Backend, SequenceModel
 from ..decode.tree.mask import ancestors
 
+FIXED_MIN = 256          # fixed shapes: the narrowest cache view a batched forward attends over
 FUSED_MAX = 32           # single-sequence forwards of at most this many tokens take the fused draft path (not prefill)
 PAD_ID = 0               # batched forwards: the id fed in padding slots (masked out, its logits unused)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
@@ -44,6 +51,12 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def fixed_columns(columns: int) -> int:
+    """Columns a fixed-shape forward's cache views span to hold ``columns``: the next power of two, at least
+    ``FIXED_MIN``."""
+    return max(FIXED_MIN, 1 << (columns - 1).bit_length())
+
+
 class BatchCacheMixin(Backend):
     """The batched cache (see the module docstring); mixed into ``CausalLMAdapter``."""
 
@@ -54,6 +67,7 @@ class BatchCacheMixin(Backend):
         self.bcache = RowCache(config=self.model.config)
         self.blens: list[int] = [0] * rows       # committed tokens per row: its columns 0 .. len - 1
         self._fed: tuple[list[int], list[int]] = ([0] * rows, [0] * rows)   # the last forward: lengths before, counts
+        self.fixed_rows = rows                   # fixed shapes: rows every batched forward feeds
 
     @property
     def batch_rows(self) -> int:
@@ -117,29 +131,41 @@ class BatchCacheMixin(Backend):
             empty = [torch.empty(0, self.out_vocab, device=self.device) for _ in tokens]
             return (empty, [None] * rows) if hidden_states else empty
         held, width = list(self.blens), self.batch_width
-        self._fed = (held, counts)
+        self._fed = (list(held), list(counts))
         self.blens = [h + c for h, c in zip(held, counts)]
         tree_rows = any(t is not None for t in (trees or []))
         if self.fused is not None and width and not hidden_states and not tree_rows:
             return self._fused_forward(tokens, held)
+        fed = tokens
+        if self.fixed_shape and rows < self.fixed_rows:   # rows that left feed nothing: the row count stays fixed
+            extra = self.fixed_rows - rows
+            fed, held, counts = list(tokens) + [[]] * extra, held + [0] * extra, counts + [0] * extra
+            trees, rows = (None if trees is None else list(trees) + [None] * extra), self.fixed_rows
         lens = torch.tensor(held, device=self.device)
-        ids = _padded_ids(tokens, n, self.device)
+        ids = _padded_ids(fed, n, self.device)
         count = torch.tensor(counts, device=self.device)
         new_ok = torch.arange(n, device=self.device)[None] < count[:, None]                # [B, n]
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         own = (causal[None] & new_ok[:, None, :]).clone()                                 # real new tokens
         offset = torch.arange(n, device=self.device)[None].expand(rows, n).clone()
         for b, tree in enumerate(trees or []):
-            if tree is not None and len(tokens[b]):
-                m = len(tokens[b])
+            if tree is not None and len(fed[b]):
+                m = len(fed[b])
                 own[b, :m, :m] = ancestors(tree.parents[:m], self.device, max(tree.depths[:m]))
                 offset[b, :m] = torch.tensor(tree.depths[:m], device=self.device)
         own |= torch.eye(n, dtype=torch.bool, device=self.device)[None]                  # padding sees itself: no empty row
         at = lens[:, None] + torch.arange(n, device=self.device)[None]                     # [B, n]: each row's own columns
-        self.bcache.aim(at, width + n)
+        view = fixed_columns(width + n) if self.fixed_shape else width + n                 # columns the layers show
+        layers = self._layers()
+        held = self.fixed_shape and len(layers) == len(self.bcache.layers)
+        for layer in layers:
+            layer.rows = rows                      # fixed shapes: the left rows' slots too (else the live rows)
+            if held:                               # room made before the forward: nothing in it to trace but writes
+                layer.reserve(rows, view)
+        self.bcache.aim(at, view, held)
         kwargs = {self._cache_kw: self.bcache, "use_cache": True, "position_ids": lens[:, None] + offset}
-        if rows > 1 or tree_rows:   # one chain row: the causal default, exactly the single-sequence forward
-            allowed = _row_mask(own, lens, width + n)                                      # [B, n, W + n]
+        if rows > 1 or tree_rows or self.fixed_shape:   # one chain row: the causal default, as a single sequence
+            allowed = _row_mask(own, lens, view)                                           # [B, n, view]
             dtype = next(self.model.parameters()).dtype
             mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
             kwargs["attention_mask"] = {"full_attention": mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]}
@@ -147,10 +173,12 @@ class BatchCacheMixin(Backend):
             kwargs["output_hidden_states"] = True
         try:
             with self._timed():
-                out = self.model(input_ids=ids, **kwargs)
+                out = self.step_model(input_ids=ids, **kwargs)
                 z = out.logits.float()
         finally:
             self.bcache.aim(None)
+            for layer in self._layers():
+                layer.rows = self.batch_rows
         self._show()
         z = self._widen_logits(z)
         zs = [z[b, : len(t)] for b, t in enumerate(tokens)]
@@ -235,10 +263,10 @@ class BatchCacheMixin(Backend):
     def cached_columns(self, tokens: int) -> int:
         """Columns a batch row's cache may take for ``tokens`` cached ones (``decode.backend.check_memory``; a
         step's fed tokens included): the buffer's capacity, spare columns and all (no compaction slack: a row's
-        tokens always take its first columns)."""
+        tokens always take its first columns); with fixed shapes, the capacity of the widest view."""
         from .kvcache import capacity
 
-        return capacity(tokens)
+        return capacity(fixed_columns(tokens) if self.fixed_shape else tokens)
 
     def kv_bytes_by_device(self) -> dict:
         """{device: KV-cache bytes one cached token takes in the decoder layers placed there} (several devices
@@ -281,9 +309,11 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
     missing ones filled with -inf (the tokenizers were checked equal over the shared ids).
     ``vocab_ids``: a draft whose LM head scores only these ids (``model.draft_vocab``, ascending; the
     head's row i is id ``vocab_ids[i]``): its logits are scattered into ``out_vocab`` columns, the others -inf.
+    ``fixed_shape``: batched forwards over cache views of a few fixed widths (see the module docstring).
     """
 
-    def __init__(self, model, out_vocab: int | None = None, name: str = "", vocab_ids: torch.Tensor | None = None):
+    def __init__(self, model, out_vocab: int | None = None, name: str = "", vocab_ids: torch.Tensor | None = None,
+                 fixed_shape: bool = False):
         from .kvcache import GrowingCache
 
         self.model = model.eval()
@@ -305,6 +335,8 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
         self.n_forwards = 0
         self.rows = None          # tokens most forwards will score (a hint for the CPU fast path)
         self.packing = True       # False: ignore the hint (the plain path, for side-by-side benchmarks)
+        self.fixed_shape = fixed_shape
+        self.step_model = self.model   # what batched forwards call (models.pairs.capture: a compiled model)
         self.reset()
 
     def fork(self) -> "CausalLMAdapter":

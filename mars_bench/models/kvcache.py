@@ -71,8 +71,8 @@ class GrowingLayer(DynamicLayer):
         kb = key_states.new_zeros(b, h, cap, d)
         vb = value_states.new_zeros(b, value_states.shape[1], cap, value_states.shape[3])
         if old:
-            kb[:, :, :old].copy_(self.keys)
-            vb[:, :, :old].copy_(self.values)
+            kb[:self.keys.shape[0], :, :old].copy_(self.keys)
+            vb[:self.values.shape[0], :, :old].copy_(self.values)
         self._kbuf, self._vbuf, self.rows = kb, vb, b
         self.show(old)
 
@@ -88,10 +88,19 @@ class GrowingLayer(DynamicLayer):
         self.show(old + n)
         return self.keys, self.values
 
-    def write(self, key_states: torch.Tensor, value_states: torch.Tensor, at: torch.Tensor, width: int):
+    def reserve(self, rows: int, width: int) -> None:
+        """``hold`` ahead of a forward (outside a compiled region: ``owns`` compares data pointers, which dynamo
+        cannot trace), for ``rows`` rows of the buffers' own heads, dim and dtype."""
+        kb, vb = self._kbuf, self._vbuf
+        self.hold(kb.new_empty(rows, kb.shape[1], 0, kb.shape[3]), vb.new_empty(rows, vb.shape[1], 0, vb.shape[3]),
+                  width)
+
+    def write(self, key_states: torch.Tensor, value_states: torch.Tensor, at: torch.Tensor, width: int,
+              held: bool = False):
         """Row b's n new columns go to columns ``at[b]`` ([B, n], on this layer's device); the views then show
-        ``width`` columns."""
-        self.hold(key_states, value_states, width)
+        ``width`` columns. ``held``: ``reserve`` made room already."""
+        if not held:
+            self.hold(key_states, value_states, width)
         (b, h, n, d), (_, hv, _, dv) = key_states.shape, value_states.shape
         self._kbuf[:b].scatter_(2, at[:, None, :, None].expand(b, h, n, d), key_states)
         self._vbuf[:b].scatter_(2, at[:, None, :, None].expand(b, hv, n, dv), value_states)
@@ -137,11 +146,12 @@ class RowCache(DynamicCache):
         self.layers = [GrowingLayer() for _ in self.layers]
         if getattr(self, "layer_class_to_replicate", None) is not None:
             self.layer_class_to_replicate = GrowingLayer
-        self.write_at, self.width, self._at = None, 0, {}
+        self.write_at, self.width, self._at, self.held = None, 0, {}, False
 
-    def aim(self, at: torch.Tensor | None, width: int = 0) -> None:
-        """The next forward's write columns ([B, n], or None: append) and the width the layers show after it."""
-        self.write_at, self.width, self._at = at, width, {} if at is None else {at.device: at}
+    def aim(self, at: torch.Tensor | None, width: int = 0, held: bool = False) -> None:
+        """The next forward's write columns ([B, n], or None: append) and the width the layers show after it;
+        ``held``: every layer's ``reserve`` made room for them already."""
+        self.write_at, self.width, self._at, self.held = at, width, {} if at is None else {at.device: at}, held
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         if self.write_at is None:
@@ -149,4 +159,4 @@ class RowCache(DynamicCache):
         dev = key_states.device
         if dev not in self._at:             # a sharded model: the columns once per device
             self._at[dev] = self.write_at.to(dev)
-        return self.layers[layer_idx].write(key_states, value_states, self._at[dev], self.width)
+        return self.layers[layer_idx].write(key_states, value_states, self._at[dev], self.width, self.held)

@@ -112,7 +112,8 @@ def load_pair(mcfg, need_draft: bool = True) -> Pair:
             target = AutoModelForCausalLM.from_pretrained(t_path, **kw)
             check_offload(target, mcfg.get("allow_offload", False))
         target = _prepare(target if mcfg.device_map else target.to(device), mcfg, device)
-        pair = _LOADED[key] = Pair(CausalLMAdapter(target, name=t_path), None, tok, t_path, d_path or "", chat)
+        adapter = capture(CausalLMAdapter(target, name=t_path), mcfg.get("capture", "off"), device)
+        pair = _LOADED[key] = Pair(adapter, None, tok, t_path, d_path or "", chat)
     if need_draft and pair.draft is None and pair.draft_path:   # e.g. an ar job ran first
         pair.draft = load_draft(mcfg, pair)[0]
     return pair
@@ -170,8 +171,8 @@ def load_draft(mcfg, pair: Pair) -> tuple[CausalLMAdapter, str]:
         draft = quantize_model(draft, scheme)
     from .schemes import DRAFT_QUANT_SCHEME
 
-    adapter = CausalLMAdapter(_prepare(draft, mcfg, device), out_vocab=pair.target.vocab, name=pair.draft_path,
-                              vocab_ids=keep)
+    adapter = capture(CausalLMAdapter(_prepare(draft, mcfg, device), out_vocab=pair.target.vocab, name=pair.draft_path,
+                                      vocab_ids=keep), mcfg.get("capture", "off"), device)
     if scheme in ("q4", "q8"):
         from . import fused
 
@@ -227,23 +228,27 @@ def _prepare(model, mcfg, device: torch.device):
         from .fastpath import enable_fast_path
 
         return enable_fast_path(model, kernel="mkl" if mcfg.fast_path == "mkl" else "auto")
-    return capture(model, mcfg.get("capture", "off"), device)
+    return model
 
 
-def capture(model, how: str, device: torch.device):
-    """``model.capture``: off (eager), or compile = the forward through ``torch.compile(mode="reduce-overhead")``
-    (CUDA graphs replay a forward's kernels with one launch; dynamic shapes, as the cache grows). CUDA only:
-    on a CPU it is refused in one line (the CPU path has its own kernels)."""
+def capture(adapter, how: str, device: torch.device):
+    """``model.capture``: off (eager), or compile = the adapter's batched forwards (the decoding steps: chain
+    drafts, verification) through ``torch.compile(mode="reduce-overhead")``, CUDA graphs replaying a forward's
+    kernels with one launch. Static shapes: the adapter then feeds those forwards a few fixed shapes (rows x fed
+    tokens x a power-of-two cache width, ``CausalLMAdapter.fixed_shape``), so each is compiled and recorded
+    once; prefills and tree drafts (single sequences, a new length each) stay eager. CUDA only: on a CPU it is
+    refused in one line (the CPU path has its own kernels)."""
     from ..errors import ConfigError
 
     if how not in CAPTURE:
         raise ConfigError(f"model.capture={how!r}; allowed: {', '.join(CAPTURE)}")
     if how == "off":
-        return model
+        return adapter
     if device.type != "cuda":
         raise ConfigError(f"model.capture={how} on {device.type}; allowed there: off (capture is for CUDA)")
-    model.forward = torch.compile(model.forward, mode="reduce-overhead", dynamic=True)
-    return model
+    adapter.fixed_shape = True
+    adapter.step_model = torch.compile(adapter.model, mode="reduce-overhead", dynamic=False)
+    return adapter
 
 
 def _fast_path_on(mcfg, device: torch.device) -> bool:

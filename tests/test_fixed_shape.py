@@ -1,0 +1,111 @@
+"""Fixed-shape batched forwards, what ``model.capture`` needs (issue 32): with ``fixed_shape`` the adapter's
+batched forwards attend over cache views of a power-of-two width with the rows that left still fed, so a
+whole decode takes a handful of shapes (each captured once on CUDA) instead of one per token, and the tokens
+are the eager path's. Runs on the CPU (tiny pair, fp32): the shapes the target and draft models receive are
+recorded with a forward pre-hook, and a ``torch.compile`` with a counting backend shows that dynamo traces
+the fixed-shape forwards a bounded number of times, not once per width."""
+import pytest
+import torch
+
+from mars_bench.decode import DecodeConfig, Method
+from mars_bench.decode.generate import Request, generate_batch
+from mars_bench.decode.tree import TreeSpec
+from mars_bench.models.adapter import FIXED_MIN, CausalLMAdapter, fixed_columns
+from mars_bench.models.kvcache import capacity
+
+from .conftest import EOS, MAX_NEW
+
+TREE = TreeSpec(depth=3, top_k=3, total_tokens=12)
+PROMPTS = (0, 5, 3, 7)                 # ragged lengths; at batch 3 a slot is refilled and rows leave at the end
+
+
+def pair(tiny, fixed: bool):
+    target, draft, tok = tiny
+    return (CausalLMAdapter(target.model, fixed_shape=fixed),
+            CausalLMAdapter(draft.model, out_vocab=target.vocab, fixed_shape=fixed), tok)
+
+
+class Shapes:
+    """Forward pre-hook recording (input_ids shape, cache columns the mask spans) of every forward of a model
+    through the batched cache."""
+
+    def __init__(self, adapter):
+        self.adapter, self.seen = adapter, []
+        self.handles = [adapter.model.register_forward_pre_hook(self.hook, with_kwargs=True)]
+
+    def hook(self, module, args, kwargs):
+        if kwargs.get(self.adapter._cache_kw) is not self.adapter.bcache:      # a prefill or a tree draft's fork
+            return
+        mask = kwargs.get("attention_mask")
+        cols = mask["full_attention"].shape[-1] if isinstance(mask, dict) else None
+        self.seen.append((tuple(kwargs["input_ids"].shape), cols))
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def decode(tiny, prompt_ids, fixed, method, tree=None, max_new=MAX_NEW, batch=3):
+    target, draft, tok = pair(tiny, fixed)
+    cfg = DecodeConfig(max_new_tokens=max_new, eos_ids=(EOS,))
+    out = {}
+    shapes = [Shapes(target), Shapes(draft)]
+    try:
+        generate_batch(target, draft, tok, [Request(prompt=prompt_ids[i], key=i) for i in PROMPTS], method, cfg,
+                       batch, lambda req, res: out.__setitem__(req.key, res.tokens), tree=tree)
+    finally:
+        for s in shapes:
+            s.close()
+    return [out[i] for i in PROMPTS], shapes[0].seen + shapes[1].seen
+
+
+def test_fixed_columns_are_powers_of_two_from_the_minimum(tiny):
+    assert [fixed_columns(c) for c in (1, FIXED_MIN, FIXED_MIN + 1, 1000, 1024, 1025)] == \
+        [FIXED_MIN, FIXED_MIN, 2 * FIXED_MIN, 1024, 1024, 2048]
+    # check_memory's columns per row: the buffer that holds the widest view
+    assert pair(tiny, True)[0].cached_columns(300) == capacity(512) > pair(tiny, False)[0].cached_columns(300)
+
+
+@pytest.mark.parametrize("method, tree", [(Method("sd", k=4), None), (Method("mars", k=4), None),
+                                          (Method("sd_tree"), TREE)])
+def test_fixed_shapes_give_the_eager_tokens_in_a_few_shapes(tiny, prompt_ids, method, tree):
+    """Chains: the target's verification and the draft's forwards; trees: the verification (a tree is drafted
+    on single-sequence forks, not the batched cache)."""
+    eager, eager_shapes = decode(tiny, prompt_ids, False, method, tree)
+    fixed, fixed_shapes = decode(tiny, prompt_ids, True, method, tree)
+    assert fixed == eager
+    assert all(cols is not None and cols >= FIXED_MIN and cols & (cols - 1) == 0 for _, cols in fixed_shapes)
+    assert {ids[0] for ids, _ in fixed_shapes} == {3}          # the batch's rows, also after rows left
+    # the eager path's widths grow with every step; the fixed path's stay within a few (rows x fed x width)
+    assert len(set(fixed_shapes)) <= 4 < len(set(eager_shapes)), (sorted(set(fixed_shapes)), len(set(eager_shapes)))
+
+
+def test_a_longer_decode_adds_no_shape(tiny, prompt_ids):
+    _, short = decode(tiny, prompt_ids, True, Method("sd", k=4), max_new=MAX_NEW)
+    _, long = decode(tiny, prompt_ids, True, Method("sd", k=4), max_new=3 * MAX_NEW)
+    assert set(long) == set(short)
+
+
+@pytest.mark.slow
+def test_dynamo_traces_the_fixed_shape_forwards_a_bounded_number_of_times(tiny, prompt_ids):
+    """torch.compile over the fixed-shape forwards (a counting backend: no code generated) records one graph
+    per shape: the count does not grow with the decode's length; the eager path's grows with it."""
+    from torch._dynamo.testing import CompileCounter
+
+    counts = {}
+    for fixed in (True, False):
+        for max_new in (MAX_NEW, 2 * MAX_NEW):
+            target, draft, tok = pair(tiny, fixed)
+            torch._dynamo.reset()
+            counter = CompileCounter()
+            target.step_model = torch.compile(target.model, backend=counter, dynamic=False)   # as capture() does
+            try:
+                generate_batch(target, draft, tok, [Request(prompt=prompt_ids[i], key=i) for i in PROMPTS[:2]],
+                               Method("sd", k=4), DecodeConfig(max_new_tokens=max_new, eos_ids=(EOS,)), 2,
+                               lambda req, res: None)
+            finally:
+                torch._dynamo.reset()
+            counts[fixed, max_new] = counter.frame_count
+    print("dynamo frames (fixed, max_new):", counts)
+    assert counts[True, MAX_NEW] == counts[True, 2 * MAX_NEW] == 1, counts      # one shape: (2 rows, k + 1, 256)
+    assert counts[False, 2 * MAX_NEW] > counts[True, 2 * MAX_NEW], counts
