@@ -18,10 +18,11 @@ Checks (random models: the drafts are rarely accepted; the point is the engine, 
   split      per-step milliseconds: draft / target / outside the forwards, per method (the engine's own
              per-step times, GenerateResult); no tokens/s is timed here.
   reads      host reads (device syncs) per step, greedy chain and tree, B = 1: <= 2 each.
-  capture    sd k=4 with the batched forwards at fixed shapes (eager), and on CUDA captured as
-             model.capture=compile does (torch.compile reduce-overhead: CUDA graphs; its compile and
-             recording timed apart): tokens vs the eager sd (required equal on a CPU, reported on CUDA);
-             their per-step times sit beside the eager sd's in the split table: what decides the setting.
+  capture    sd k=4 and sd_tree with the decoding forwards at fixed shapes (eager), and on CUDA captured as
+             model.capture=compile does (torch.compile reduce-overhead: CUDA graphs; compiling and recording
+             timed apart, setup_s; no graph may be left uncaptured, cudagraph_skips = 0): tokens vs the
+             eager run's (required equal on a CPU, reported on CUDA);
+             their per-step times sit beside the eager ones in the split table: what decides the setting.
   memory     (cuda) peak allocated during the B = 8 run vs check_memory's estimate: peak <= estimate.
   runner     the runner's interleaved path on the device, in its own process: `mars-bench +compare=methods
              task=prompts model=tiny model.device=<device>` (ar, sd, mars interleaved sample by sample): every
@@ -213,29 +214,40 @@ def host_reads(target, draft, prompts, cfg, method, tree=None) -> float:
     return round(reads.total / sum(r.steps for r in res), 3)
 
 
-def capture_checks(target, draft, prompts, device, exact: bool, ref, run) -> list:
-    """sd k=4 with fixed-shape batched forwards ("fixed": eager), and on CUDA through ``models.pairs.capture``
-    ("compile"), each against the eager sd's tokens ``ref``; ``run`` puts their per-step times in the split
-    table. The adapters are put back to eager afterwards."""
+def capture_checks(target, draft, prompts, device, exact: bool, refs: dict, run) -> list:
+    """sd k=4 and sd_tree with fixed-shape decoding forwards ("fixed": eager), and on CUDA through
+    ``models.pairs.capture`` ("compile"), each against the eager run's tokens ``refs[label]``; ``run`` puts their
+    per-step times in the split table. The adapters are put back to eager afterwards."""
     from mars_bench.models.pairs import capture
 
     checks = []
     for mode in ["fixed"] + (["compile"] if device.type == "cuda" else []):
         t0 = time.perf_counter()
         for a in (target, draft):
-            a.fixed_shape = True
+            a.set_fixed_shape(True)
             if mode == "compile":
                 capture(a, "compile", device)
         try:
-            if mode == "compile":      # compiling and recording the shapes this run takes: not in its timing
-                for p in prompts:
-                    generate(target, draft, None, p, METHODS["sd k=4"], DecodeConfig(max_new_tokens=8))
-            setup_s = round(time.perf_counter() - t0, 1)
-            got = run(f"sd k=4 {mode}", METHODS["sd k=4"])
+            for label in ("sd k=4", "sd_tree"):
+                tree = TREE if label == "sd_tree" else None
+                if mode == "compile":  # compiling and recording the shapes this run takes: not in its timing
+                    for p in prompts:
+                        generate(target, draft, None, p, METHODS[label], DecodeConfig(max_new_tokens=8), tree=tree)
+                setup_s = round(time.perf_counter() - t0, 1)
+                got = run(f"{label} {mode}", METHODS[label], tree=tree)
+                check = {**compare(f"{label}_{mode}_vs_eager", got, refs[label], target, prompts, exact),
+                         "setup_s": setup_s}
+                if mode == "compile":  # graphs inductor would not capture (mutated inputs, CPU tensors, ...)
+                    from torch._dynamo.utils import counters
+
+                    check["cudagraph_skips"] = int(counters["inductor"]["cudagraph_skips"])
+                    check["passed"] = check["passed"] and check["cudagraph_skips"] == 0
+                checks.append(check)
+                t0 = time.perf_counter()
         finally:
             for a in (target, draft):
-                a.fixed_shape, a.step_model = False, a.model
-        checks.append({**compare(f"sd_k4_{mode}_vs_eager", got, ref, target, prompts, exact), "setup_s": setup_s})
+                a.set_fixed_shape(False)
+                a.step_model = a.model
     return checks
 
 
@@ -320,7 +332,7 @@ def main(argv=None) -> int:
              "sd_tree": host_reads(target, draft, prompts[:2], short, METHODS["sd_tree"], TREE)}
     checks.append({"check": "host_reads_per_step", **reads,
                    "passed": reads["sd k=4"] <= 2 and reads["sd_tree"] <= 2})
-    checks += capture_checks(target, draft, prompts, device, exact, outs["sd k=4"], run)
+    checks += capture_checks(target, draft, prompts, device, exact, outs, run)
     rows = None
     if args.runner_prompts:
         check, rows = runner_check(device, args.runner_prompts, min(32, args.max_new), exact)

@@ -15,7 +15,7 @@ gpu_check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_check)
 
 IDENTITY = {"ar_vs_generate", "sd k=4_vs_ar", "mars theta=1_vs_ar", "sd_tree_vs_ar", "eagle3_vs_ar", "sd_B2_vs_B1",
-            "sd_B8_vs_B1", "sd_k4_fixed_vs_eager"}      # capture's "compile" runs on CUDA only
+            "sd_B8_vs_B1", "sd k=4_fixed_vs_eager", "sd_tree_fixed_vs_eager"}      # capture's "compile": CUDA only
 
 
 def test_cpu_small_run_passes_and_writes_the_summary_to_out(tmp_path, monkeypatch, capsys):
@@ -32,7 +32,7 @@ def test_cpu_small_run_passes_and_writes_the_summary_to_out(tmp_path, monkeypatc
     assert summary["timing"]["sd k=4"]["tau"] > 1.5          # drafts accepted: the identity checks bite
     assert all(t["draft_ms"] > 0 for k, t in summary["timing"].items() if k in ("sd k=4", "sd_tree", "eagle3"))
     assert not any("tokens_per_s" in t for t in summary["timing"].values())   # no speed loop of its own
-    assert summary["timing"]["sd k=4 fixed"]["tau"] == summary["timing"]["sd k=4"]["tau"]
+    assert all(summary["timing"][f"{m} fixed"]["tau"] == summary["timing"][m]["tau"] for m in ("sd k=4", "sd_tree"))
     runner = checks["runner_interleaved"]
     assert runner["n"] == [2, 2, 2] and runner["sd_identical_to_ar"] == 2 and runner["required_zero"]
     assert runner["methods"][0] == "ar" and runner["peak_rss_gb"] > 0

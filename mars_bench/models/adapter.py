@@ -22,9 +22,12 @@ rows behind a gap move down into it (the one copy, of those rows only) and the l
 
 Fixed shapes (``fixed_shape``, set where ``model.capture`` is on): a batched forward's cache views and mask
 span ``fixed_columns(max(len_b) + n)`` columns (a power of two, at least ``FIXED_MIN``) instead of exactly
-max(len_b) + n, every row masked by its length as above. The forwards of a decode then take a few shapes
-(rows x fed tokens x a width that changes O(log length) times), not one per token, so each shape can be
-captured once (CUDA graphs) and replayed; the masked columns add attention work, never weight reads.
+max(len_b) + n, every row masked by its length as above, and rows that left the batch are still fed (nothing);
+a single sequence's forwards of a few tokens (a tree draft's expansions) likewise write at the cache's width
+and attend over ``fixed_columns`` columns (its cache a one-row ``RowCache``). The forwards of a decode then
+take a few shapes (rows x fed tokens x a width that changes O(log length) times), not one per token, so each
+can be captured once (CUDA graphs) and replayed; prefills stay as they are. The masked columns add attention
+work, never weight reads.
 """
 from __future__ import annotations
 
@@ -166,9 +169,7 @@ class BatchCacheMixin(Backend):
         kwargs = {self._cache_kw: self.bcache, "use_cache": True, "position_ids": lens[:, None] + offset}
         if rows > 1 or tree_rows or self.fixed_shape:   # one chain row: the causal default, as a single sequence
             allowed = _row_mask(own, lens, view)                                           # [B, n, view]
-            dtype = next(self.model.parameters()).dtype
-            mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
-            kwargs["attention_mask"] = {"full_attention": mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]}
+            kwargs["attention_mask"] = {"full_attention": _additive(allowed, self.model)[:, None]}
         if hidden_states:
             kwargs["output_hidden_states"] = True
         try:
@@ -336,7 +337,7 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
         self.rows = None          # tokens most forwards will score (a hint for the CPU fast path)
         self.packing = True       # False: ignore the hint (the plain path, for side-by-side benchmarks)
         self.fixed_shape = fixed_shape
-        self.step_model = self.model   # what batched forwards call (models.pairs.capture: a compiled model)
+        self.step_model = self.model   # what decoding forwards call (models.pairs.capture: a compiled model)
         self.reset()
 
     def fork(self) -> "CausalLMAdapter":
@@ -349,7 +350,9 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
 
     # -- cache -------------------------------------------------------------------------------
     def reset(self) -> None:
-        self.cache = self._cache_cls(config=self.model.config)
+        from .kvcache import RowCache
+
+        self.cache = (RowCache if self.fixed_shape else self._cache_cls)(config=self.model.config)
 
     @property
     def cache_len(self) -> int:
@@ -389,6 +392,11 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
                 kept = _per_device(torch.tensor(list(range(start)) + [start + o for o in offsets], dtype=torch.long))
             layer.keys = layer.keys.index_select(-2, kept(layer.keys.device))
             layer.values = layer.values.index_select(-2, kept(layer.values.device))
+
+    def set_fixed_shape(self, on: bool) -> None:
+        """Fixed-shape forwards on or off (see the module docstring); the single-sequence cache starts empty."""
+        self.fixed_shape = on
+        self.reset()
 
     def expect(self, n_tokens: int) -> None:
         """Hint: most forwards will score ``n_tokens`` tokens (k + 1 when verifying, 1 when drafting)."""
@@ -439,6 +447,8 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
                 z = self.fused.forward(self.cache, ids[0], at, torch.zeros_like(at), at, *_flat(_chain_keys(width, n)),
                                        1, width + n)
             return self._widen_logits(z)
+        if self.fixed_shape and width and n <= FUSED_MAX:
+            return self._fixed_forward(ids, attention_mask, position_ids, logits, hidden_states)
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
         if attention_mask is not None:
             kwargs["attention_mask"] = {"full_attention": attention_mask}
@@ -454,6 +464,51 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
         if z is not None:
             z = self._widen_logits(z)
         return (z, out.hidden_states) if hidden_states else z
+
+
+    def _fixed_forward(self, ids, attention_mask, position_ids, logits: bool, hidden_states: bool):
+        """``forward`` of a few tokens at fixed shapes (a tree draft's expansions, a chain's catch-up): the new
+        tokens written at the cache's columns width .. width + n - 1 (``RowCache``, one row), the views and the
+        mask spanning ``fixed_columns(width + n)`` columns, the columns above the new ones masked; then the
+        views show the width + n columns held."""
+        n, width = ids.shape[1], self.cache_len
+        view = fixed_columns(width + n)
+        if attention_mask is None:                          # causal: token i sees columns 0 .. width + i
+            cols = torch.arange(width + n, device=self.device)
+            attention_mask = _additive(cols[None] <= width + torch.arange(n, device=self.device)[:, None],
+                                       self.model)[None, None]
+        pad = view - attention_mask.shape[-1]
+        masked = False if attention_mask.dtype == torch.bool else torch.finfo(attention_mask.dtype).min
+        mask = torch.nn.functional.pad(attention_mask, (0, pad), value=masked)
+        if position_ids is None:
+            position_ids = torch.arange(width, width + n, device=self.device)[None]
+        layers = [layer for layer in self.cache.layers if layer.is_initialized]
+        for layer in layers:
+            layer.reserve(1, view)
+        self.cache.aim(torch.arange(width, width + n, device=self.device)[None], view, held=True)
+        kwargs = {self._cache_kw: self.cache, "use_cache": True, "attention_mask": {"full_attention": mask},
+                  "position_ids": position_ids.to(self.device)}
+        if not logits:
+            kwargs["logits_to_keep"] = 1
+        if hidden_states:
+            kwargs["output_hidden_states"] = True
+        try:
+            with self._timed():
+                out = self.step_model(input_ids=ids, **kwargs)
+                z = out.logits[0].float() if logits else None
+        finally:
+            self.cache.aim(None)
+            for layer in layers:
+                layer.show(width + n)
+        if z is not None:
+            z = self._widen_logits(z)
+        return (z, out.hidden_states) if hidden_states else z
+
+
+def _additive(allowed: torch.Tensor, model) -> torch.Tensor:
+    """Additive float mask (0 / finfo.min) in the model's dtype from a bool ``allowed``."""
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def _padded_ids(tokens: list, n: int, device) -> torch.Tensor:

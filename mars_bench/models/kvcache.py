@@ -90,10 +90,14 @@ class GrowingLayer(DynamicLayer):
 
     def reserve(self, rows: int, width: int) -> None:
         """``hold`` ahead of a forward (outside a compiled region: ``owns`` compares data pointers, which dynamo
-        cannot trace), for ``rows`` rows of the buffers' own heads, dim and dtype."""
+        cannot trace), for ``rows`` rows of the buffers' own heads, dim and dtype. The buffers are marked as
+        static addresses: a captured forward writes into them in place (CUDA graphs skip a graph that mutates
+        any other input) and replays until a new buffer replaces them."""
         kb, vb = self._kbuf, self._vbuf
         self.hold(kb.new_empty(rows, kb.shape[1], 0, kb.shape[3]), vb.new_empty(rows, vb.shape[1], 0, vb.shape[3]),
                   width)
+        torch._dynamo.mark_static_address(self._kbuf)
+        torch._dynamo.mark_static_address(self._vbuf)
 
     def write(self, key_states: torch.Tensor, value_states: torch.Tensor, at: torch.Tensor, width: int,
               held: bool = False):

@@ -232,11 +232,11 @@ def _prepare(model, mcfg, device: torch.device):
 
 
 def capture(adapter, how: str, device: torch.device):
-    """``model.capture``: off (eager), or compile = the adapter's batched forwards (the decoding steps: chain
-    drafts, verification) through ``torch.compile(mode="reduce-overhead")``, CUDA graphs replaying a forward's
+    """``model.capture``: off (eager), or compile = the adapter's decoding forwards (chain and tree drafts,
+    verification) through ``torch.compile(mode="reduce-overhead")``, CUDA graphs replaying a forward's
     kernels with one launch. Static shapes: the adapter then feeds those forwards a few fixed shapes (rows x fed
     tokens x a power-of-two cache width, ``CausalLMAdapter.fixed_shape``), so each is compiled and recorded
-    once; prefills and tree drafts (single sequences, a new length each) stay eager. CUDA only: on a CPU it is
+    once; a tree draft's expansions too; prefills (a new length each) stay eager. CUDA only: on a CPU it is
     refused in one line (the CPU path has its own kernels)."""
     from ..errors import ConfigError
 
@@ -246,7 +246,9 @@ def capture(adapter, how: str, device: torch.device):
         return adapter
     if device.type != "cuda":
         raise ConfigError(f"model.capture={how} on {device.type}; allowed there: off (capture is for CUDA)")
-    adapter.fixed_shape = True
+    adapter.set_fixed_shape(True)
+    # a graph per shape, the target's and the draft's model class often one code object: room for all of them
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     adapter.step_model = torch.compile(adapter.model, mode="reduce-overhead", dynamic=False)
     return adapter
 
