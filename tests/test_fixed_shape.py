@@ -119,3 +119,27 @@ def test_dynamo_traces_the_fixed_shape_forwards_a_bounded_number_of_times(tiny, 
     print("dynamo frames (fixed, max_new):", counts)
     assert counts[True, MAX_NEW] == counts[True, 2 * MAX_NEW] <= 6, counts      # one per shape, no break
     assert counts[False, MAX_NEW] > counts[True, MAX_NEW], counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, tree", [(Method("sd", k=4), None), (Method("sd_tree"), TREE)])
+def test_inductor_compiles_the_fixed_shape_forwards_to_the_eager_tokens(tiny, prompt_ids, method, tree):
+    """The real compiler (inductor's CPU code generation, ~1.5 min a method here; CUDA graphs need a GPU) over the
+    target's and the draft's decoding forwards: the eager path's tokens, and a second decode reuses the code."""
+    eager, _ = decode(tiny, prompt_ids, False, method, tree)
+    torch._dynamo.reset()
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = 64          # as models.pairs.capture does
+    try:
+        for _ in range(2):
+            target, draft, tok = pair(tiny, True)
+            for a in (target, draft):
+                a.step_model = torch.compile(a.model, dynamic=False)
+            out = {}
+            generate_batch(target, draft, tok, [Request(prompt=prompt_ids[i], key=i) for i in PROMPTS], method,
+                           DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,)), 3,
+                           lambda req, res: out.__setitem__(req.key, res.tokens), tree=tree)
+            assert [out[i] for i in PROMPTS] == eager
+    finally:
+        torch._dynamo.config.recompile_limit = limit
+        torch._dynamo.reset()
