@@ -1,9 +1,10 @@
 """Fixed-shape forwards, what ``model.capture`` needs (issue 32): with ``fixed_shape`` the adapter's decoding
 forwards (batched: chain drafts, verification; single sequences: a tree draft's expansions) attend over cache
 views of a power-of-two width, the rows that left a batch still fed, so a whole decode takes a handful of
-shapes (each captured once on CUDA) instead of one per token, and the tokens are the eager path's. Runs on the CPU (tiny pair, fp32): the shapes the target and draft models receive are
-recorded with a forward pre-hook, and a ``torch.compile`` with a counting backend shows that dynamo traces
-the fixed-shape forwards a bounded number of times, not once per width."""
+shapes (each captured once on CUDA) instead of one per token, and the tokens are the eager path's. Runs on the
+CPU (tiny pair, fp32): the shapes the target and draft models receive are recorded with a forward pre-hook; a
+``torch.compile`` with a counting backend shows that dynamo traces the fixed-shape forwards once per shape, not
+once per width; inductor (slow tier) compiles them to the eager tokens."""
 import pytest
 import torch
 
