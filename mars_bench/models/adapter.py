@@ -39,7 +39,7 @@ import time
 import torch
 
 from ..decode.backend import Backend, SequenceModel
-from ..decode.tree.mask import ancestors
+from ..decode.tree.mask import additive, ancestors
 
 FIXED_MIN = 256          # fixed shapes: the narrowest cache view a batched forward attends over
 FUSED_MAX = 32           # single-sequence forwards of at most this many tokens take the fused draft path (not prefill)
@@ -134,7 +134,7 @@ class BatchCacheMixin(Backend):
             empty = [torch.empty(0, self.out_vocab, device=self.device) for _ in tokens]
             return (empty, [None] * rows) if hidden_states else empty
         held, width = list(self.blens), self.batch_width
-        self._fed = (list(held), list(counts))
+        self._fed = (held, counts)
         self.blens = [h + c for h, c in zip(held, counts)]
         tree_rows = any(t is not None for t in (trees or []))
         if self.fused is not None and width and not hidden_states and not tree_rows:
@@ -159,17 +159,17 @@ class BatchCacheMixin(Backend):
         own |= torch.eye(n, dtype=torch.bool, device=self.device)[None]                  # padding sees itself: no empty row
         at = lens[:, None] + torch.arange(n, device=self.device)[None]                     # [B, n]: each row's own columns
         view = fixed_columns(width + n) if self.fixed_shape else width + n                 # columns the layers show
-        layers = self._layers()
-        held = self.fixed_shape and len(layers) == len(self.bcache.layers)
+        layers = self._layers() if self.fixed_shape else []     # eager: the layers already show the live rows
+        held = bool(layers) and len(layers) == len(self.bcache.layers)
         for layer in layers:
-            layer.rows = rows                      # fixed shapes: the left rows' slots too (else the live rows)
+            layer.rows = rows                      # the left rows' slots too
             if held:                               # room made before the forward: nothing in it to trace but writes
                 layer.reserve(rows, view)
         self.bcache.aim(at, view, held)
         kwargs = {self._cache_kw: self.bcache, "use_cache": True, "position_ids": lens[:, None] + offset}
         if rows > 1 or tree_rows or self.fixed_shape:   # one chain row: the causal default, as a single sequence
             allowed = _row_mask(own, lens, view)                                           # [B, n, view]
-            kwargs["attention_mask"] = {"full_attention": _additive(allowed, self.model)[:, None]}
+            kwargs["attention_mask"] = {"full_attention": additive(allowed, self.model)[:, None]}
         if hidden_states:
             kwargs["output_hidden_states"] = True
         try:
@@ -178,7 +178,7 @@ class BatchCacheMixin(Backend):
                 z = out.logits.float()
         finally:
             self.bcache.aim(None)
-            for layer in self._layers():
+            for layer in layers:
                 layer.rows = self.batch_rows
         self._show()
         z = self._widen_logits(z)
@@ -475,7 +475,7 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
         view = fixed_columns(width + n)
         if attention_mask is None:                          # causal: token i sees columns 0 .. width + i
             cols = torch.arange(width + n, device=self.device)
-            attention_mask = _additive(cols[None] <= width + torch.arange(n, device=self.device)[:, None],
+            attention_mask = additive(cols[None] <= width + torch.arange(n, device=self.device)[:, None],
                                        self.model)[None, None]
         pad = view - attention_mask.shape[-1]
         masked = False if attention_mask.dtype == torch.bool else torch.finfo(attention_mask.dtype).min
@@ -503,12 +503,6 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
         if z is not None:
             z = self._widen_logits(z)
         return (z, out.hidden_states) if hidden_states else z
-
-
-def _additive(allowed: torch.Tensor, model) -> torch.Tensor:
-    """Additive float mask (0 / finfo.min) in the model's dtype from a bool ``allowed``."""
-    dtype = next(model.parameters()).dtype
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def _padded_ids(tokens: list, n: int, device) -> torch.Tensor:

@@ -15,9 +15,13 @@ def additive_mask(allowed: torch.Tensor, model) -> torch.Tensor:
     impl = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
     if impl.startswith("flash") or "flex" in impl:
         raise ValueError(f"tree attention needs a 4-D mask; attn_implementation={impl!r}; allowed: sdpa, eager")
+    return additive(allowed, model)[None, None]
+
+
+def additive(allowed: torch.Tensor, model) -> torch.Tensor:
+    """Additive float mask (0 / finfo.min) of ``allowed``'s shape in the model's dtype (fp32 without a model)."""
     dtype = next(model.parameters()).dtype if model is not None else torch.float32
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def ancestors(parents: list[int], device, depth: int | None = None) -> torch.Tensor:
