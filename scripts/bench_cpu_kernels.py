@@ -1,5 +1,6 @@
 """The CPU kernel family's costs on the embedded pair (bf16 target), in this process: target forward of 1, 5
-and 8 new tokens after 200 tokens of context, a 100-token prefill, a 1-token forward of each draft setting, the
+and 8 new tokens after 200 tokens of context (fused where the target qualifies, and through transformers'
+modules beside it), a 100-token prefill, a 1-token forward of each draft setting, the
 machine's streaming rate and the peak RSS. Run it once per kernel family to compare them on one machine:
 
     MARS_BENCH_CPU_ISA=generic python scripts/bench_cpu_kernels.py   # before: MKL packed fp32, int8 draft
@@ -98,12 +99,19 @@ def main(argv=None) -> int:
     for d in args.drafts.split(","):
         adapter, scheme = load_draft(B.model_cfg(["model.dtype=bf16", *B.draft_overrides(d)]), pair)
         drafts[f"{d} ({scheme}, {'fused' if adapter.fused is not None else 'modules'})"] = adapter
-    target = B.forward_costs({"target": (pair.target, True)}, [1, 5, 8], reps=args.reps, rounds=args.rounds)["target"]
+    paths = {"target": (pair.target, True)}
+    if pair.target.fused is not None:            # the same target through transformers' modules, side by side
+        modules = pair.target.fork()
+        modules.fused = None
+        paths["modules"] = (modules, True)
+    costs = B.forward_costs(paths, [1, 5, 8], reps=args.reps, rounds=args.rounds)
+    target = costs["target"]
     drafted = B.forward_costs({d: (a, True) for d, a in drafts.items()}, [1], reps=args.reps, rounds=args.rounds)
     weights = B.weight_bytes(pair.target.model)
     stream = B.stream_rate()
     out = {"isa": panel.isa(), "kernel": fastpath.kind(pair.target.model), "quant_kernel": quant.kind(),
-           "target_ms": target, "verify5_ratio": target[5] / target[1], "verify8_ratio": target[8] / target[1],
+           "target_path": "fused" if pair.target.fused is not None else "modules", "target_ms": target,
+           "target_modules_ms": costs.get("modules"), "verify5_ratio": target[5] / target[1], "verify8_ratio": target[8] / target[1],
            "target_weight_bytes": weights, "stream_gb_per_s": stream,
            "forward1_over_streaming_limit": target[1] / (weights / stream / 1e6),
            "prefill100_ms": prefill_ms(pair.target),

@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from mars_bench import bench as B
-from mars_bench.models import fastpath, panel, quant
+from mars_bench.models import fastpath, fused, panel, quant
 from mars_bench.models.pairs import load_draft
 from mars_bench.metrics import SPEEDUP_DEFINITION, TAU_DEFINITION
 from mars_bench.provenance import machine, machine_label
@@ -69,6 +69,14 @@ def linear_share(adapter, n: int = 1, ctx: int = 200, reps: int = 10) -> tuple[f
     return sorted(walls)[reps // 2] * 1e3, sorted(lins)[reps // 2] * 1e3
 
 
+def bf16_kernel(target, amx: bool) -> None:
+    """The target's bf16 panels run on AMX tiles or the AVX512_BF16 kernel (``panel.set_bf16_kernel``); fused
+    layers call the kernels by address, so they are rebuilt."""
+    panel.set_bf16_kernel(target.model, amx=amx)
+    if target.fused is not None:
+        target.fused = fused.FusedDecoder(target.model)
+
+
 def costs(model: list[str], drafts: list[str], reps: int, rounds: int) -> tuple[dict, dict]:
     """({path: {n: ms}}, {draft: facts}): target n = 1, 5, 8 and each draft at n = 1, alternating. A draft with
     fused forwards (models/fused.py) is measured as it runs and, as "<draft> (modules)", through transformers'
@@ -96,15 +104,18 @@ def costs(model: list[str], drafts: list[str], reps: int, rounds: int) -> tuple[
             f.update(linear_ms=lin, outside_ms=wall - lin, linear_gb_per_s=f["weight_bytes"] / lin / 1e6)
     facts["target"] = {"weight_bytes": B.weight_bytes(pair.target.model), "kernel": fastpath.kind(pair.target.model),
                        "outside_ms": {}, "stream_gb_per_s": B.stream_rate()}
+    facts["target"]["path"] = "fused" if pair.target.fused is not None else "modules"
     if facts["target"]["kernel"] == "panel-amx-bf16":   # the AVX512_BF16-only kind's kernel, run on this machine
-        panel.set_bf16_kernel(pair.target.model, amx=False)
+        bf16_kernel(pair.target, amx=False)
         try:
             other = B.forward_costs({"target": (pair.target, True)}, [1, 5, 8], reps=reps, rounds=rounds)
         finally:
-            panel.set_bf16_kernel(pair.target.model, amx=True)
+            bf16_kernel(pair.target, amx=True)
         facts["target"]["avx512_bf16_here_ms"] = other["target"]
+    modules = pair.target.fork()            # the split needs the linears called from Python: the modules path
+    modules.fused = None
     for n in (1, 5, 8):   # what grows with n: the linears (kernel) or the rest (row-wise attention, Python)
-        wall, lin = linear_share(pair.target, n, reps=max(3, reps))
+        wall, lin = linear_share(modules, n, reps=max(3, reps))
         facts["target"]["outside_ms"][n] = wall - lin
     return target["target"], facts
 
@@ -151,13 +162,14 @@ def write(out: Path, meta: dict, target: dict, facts: dict, sweep, chosen, budge
     here = {int(n): v for n, v in (facts["target"].get("avx512_bf16_here_ms") or {}).items()}
     md = lambda rows, cols: pd.DataFrame(rows, columns=cols).to_markdown(index=False, disable_numparse=True)  # noqa: E731
     lines = [f"# Draft cost and speed, {meta.get('pair', 'embedded pair (bf16 target)')}, greedy", "",
-             f"Machine: {meta['machine']}. Target kernel: {facts['target']['kernel']}. {TAU_DEFINITION}. "
+             f"Machine: {meta['machine']}. Target kernel: {facts['target']['kernel']} ({facts['target'].get('path', 'modules')} "
+             f"forwards). {TAU_DEFINITION}. "
              f"vs ar: {SPEEDUP_DEFINITION}; 95% CI: paired bootstrap over prompts.", "",
              "Target forward of n new tokens after 200 tokens of context, ms (ratio to n = 1):", "",
              md([[n, f"{target[n]:.1f}", f"{target[n] / target[1]:.2f}",
                   f(facts["target"].get("outside_ms", {}).get(n), 1), f(here.get(n), 1),
                   f(here[n] / here[1] if here.get(n) and here.get(1) else None)] for n in (1, 5, 8)],
-                ["n", "ms", "ratio", "outside linears ms", "AVX512_BF16 kernel here, ms", "its ratio"]),
+                ["n", "ms", "ratio", "outside linears ms (modules path)", "AVX512_BF16 kernel here, ms", "its ratio"]),
              "", "The last two columns: the same target with its panels run by the AVX512_BF16 kernel (the kernel "
              "of CPUs without AMX) on this machine, where it is AMX; not a measurement of the other CPU kind.",
              "", "Draft forward of 1 token after 200 tokens of context (same run, alternating with the target):", "",

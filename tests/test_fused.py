@@ -1,8 +1,9 @@
-"""Fused draft forwards (models/fused.py, ``fused_layer`` in quant_gemm.c) on the tiny pair with q4 / q8
-drafts: logits agree with the same quantized draft run through transformers' modules, a row's logits are
-bit-identical alone or beside other rows (any token counts and lengths), greedy sd and mars theta = 1 stay
-token-identical to Hugging Face greedy, mars theta = 0.9 gives the same tokens at any batch size, and the
-loader turns the path on exactly for the drafts it covers."""
+"""Fused forwards (models/fused.py, ``fused_layer_with`` in quant_gemm.c) on the tiny pair. q4 / q8 drafts: logits
+agree with the same quantized draft run through transformers' modules, a row's logits are bit-identical alone or
+beside other rows (any token counts and lengths), greedy sd and mars theta = 1 stay token-identical to Hugging Face
+greedy, mars theta = 0.9 gives the same tokens at any batch size. The bf16 target on the CPU fast path (panels):
+chain and tree logits agree with the modules path, greedy sd, sd_tree and mars theta = 1 are token-identical to its
+fused ar, at any batch size. The loader turns the path on exactly for the models it covers."""
 import pytest
 import torch
 
@@ -32,7 +33,7 @@ def drafts(scheme="q4"):
     t = CausalLMAdapter(target)
     plain = CausalLMAdapter(draft, out_vocab=t.vocab)
     fast = plain.fork()
-    fast.fused = fused.FusedDraft(draft)
+    fast.fused = fused.FusedDecoder(draft)
     return t, plain, fast
 
 
@@ -119,15 +120,15 @@ def test_mars_tokens_do_not_depend_on_batch_size(prompt_ids):
 
 def test_supports_names_what_it_does_not_cover():
     _, draft, _ = tiny_pair()
-    assert "LM head is not quantized" in fused.supports(draft)
+    assert "q_proj is a Linear (fused forwards take QuantLinear" in fused.supports(draft)
     quant.quantize_model(draft, "q4")
     assert fused.supports(draft) is None
     draft.model.embed_tokens.to(torch.bfloat16)
     assert "fused forwards take fp32" in fused.supports(draft)
     draft.config.model_type = "gemma"
     assert "'gemma'" in fused.supports(draft)
-    with pytest.raises(ValueError, match="fused draft forwards unavailable: model type 'gemma'"):
-        fused.FusedDraft(draft)
+    with pytest.raises(ValueError, match="fused forwards unavailable: model type 'gemma'"):
+        fused.FusedDecoder(draft)
 
 
 @pytest.mark.parametrize("scheme, on", [("q4", True), ("q8", True), ("int8", False), ("none", False)])
@@ -141,3 +142,77 @@ def test_loader_fuses_exactly_the_group_quantized_drafts(scheme, on):
     pair = load_pair(mcfg)
     draft, _ = load_draft(mcfg, pair)
     assert (draft.fused is not None) == on
+
+
+def targets():
+    """(the bf16 tiny target on the CPU fast path through transformers' modules, the same target fused, the fp32
+    tiny draft)."""
+    from mars_bench.models.fastpath import enable_fast_path
+
+    target, draft, _ = tiny_pair(dtype=torch.bfloat16)
+    enable_fast_path(target)
+    plain = CausalLMAdapter(target)
+    fast = plain.fork()
+    fast.fused = fused.FusedDecoder(target)
+    return plain, fast, CausalLMAdapter(draft, out_vocab=plain.vocab)
+
+
+def test_fused_target_chain_and_tree_logits_agree_with_the_modules_path():
+    from mars_bench.decode.tree import DraftTree
+
+    plain, fast, _ = targets()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (21, 12, 33)]
+    prefill((plain, fast), prompts)
+    tree = DraftTree([5, 7, 8, 9, 11, 12], [-1, 0, 0, 1, 2, 4], [0, 1, 1, 2, 2, 3], [-1] * 6)
+    calls, inner = [], fast.fused.forward
+    fast.fused.forward = lambda *a: calls.append(1) or inner(*a)
+    for step in range(6):
+        feed = [torch.randint(0, 256, (m,), generator=g).tolist() for m in (1 + step % 3, 0 if step == 2 else 1, 5)]
+        trees = [None, None, None]
+        if step % 2:
+            feed[2], trees[2] = list(tree.tokens), tree
+        got = fast.batch_forward(feed, trees)
+        for x, y in zip(plain.batch_forward(feed, trees), got):
+            assert x.shape == y.shape
+            torch.testing.assert_close(y, x, atol=1e-4, rtol=1e-4)
+        if step % 2:
+            for a in (plain, fast):
+                a.batch_keep([list(range(len(feed[0]))), list(range(len(feed[1]))), [0, 2, 4]])   # a path: 0 -> 2 -> 4
+    assert len(calls) == 6
+
+
+def test_fused_target_tokens_do_not_depend_on_how_many_tokens_a_forward_scores(prompt_ids):
+    """ar feeds one token a forward, sd and mars k + 1, sd_tree a tree: with every forward fused, greedy sd, sd_tree
+    and mars theta = 1 give fused ar's tokens, alone and at batch size 3."""
+    from mars_bench.decode.tree import TreeSpec
+
+    _, fast, draft = targets()
+    cfg = DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,))
+    calls, inner = [], fast.fused.forward
+    fast.fused.forward = lambda *a: calls.append(a[1].numel()) or inner(*a)
+    spec = TreeSpec(depth=3, top_k=2, total_tokens=8)
+    mars1 = {"theta": 1.0}
+    want = [generate(fast, None, None, ids, Method("ar"), cfg).tokens for ids in prompt_ids[:6]]
+    for ids, ref in zip(prompt_ids[:6], want):
+        assert generate(fast, draft, None, ids, Method("sd", k=4), cfg).tokens == ref
+        assert generate(fast, draft, None, ids, Method("mars", k=4, rule="mars", rule_kwargs=mars1), cfg).tokens == ref
+        assert generate(fast, draft, None, ids, Method("sd_tree"), cfg, tree=spec).tokens == ref
+    got = {}
+    generate_batch(fast, draft, None, [Request(ids, key=i) for i, ids in enumerate(prompt_ids[:6])],
+                   Method("sd", k=4), cfg, 3, lambda req, res: got.__setitem__(req.key, res.tokens))
+    assert [got[i] for i in range(6)] == want
+    assert 1 in calls and max(calls) >= 8           # one-token forwards and trees or batches both ran fused
+
+
+@pytest.mark.parametrize("fast_path, on", [("on", True), ("off", False)])
+def test_loader_fuses_the_fast_path_target(fast_path, on):
+    from omegaconf import OmegaConf
+
+    from mars_bench import config as C
+    from mars_bench.models.pairs import load_pair
+
+    mcfg = OmegaConf.merge(OmegaConf.structured(C.ModelConfig),
+                           {"source": "tiny", "dtype": "bf16", "fast_path": fast_path, "draft": None})
+    pair = load_pair(mcfg, need_draft=False)
+    assert (pair.target.fused is not None) == on

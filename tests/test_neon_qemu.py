@@ -8,6 +8,7 @@ equals a float64 reference within fp32 rounding, each row's result is bit-identi
 alone and on one thread (row invariance), and where the x86 kernels run here, the int8 kernels and the convert + FMA
 bf16 kernel equal them bit for bit (the same integers and fp32 operations per lane). Tiny shapes: qemu is slow, and
 speed on ARM is not measured anywhere."""
+import ctypes
 import logging
 import os
 import shutil
@@ -289,11 +290,12 @@ def test_fused_layer_matches_the_x86_one_and_tokens_do_not_depend_on_their_call(
     lib, ints = fused._lib(), [torch.from_numpy(np.asarray(a, np.int32)) for a in calls[0][1]]
     host_w = [quant.pack(*quant.quantize(w, bits), bits, quant.kind()) for w in ws]
     host_h, host_kv = h.clone(), kv.clone().contiguous()
-    rc = lib.fused_layer(bits, M, D, host_h.data_ptr(), ln1.data_ptr(), ln2.data_ptr(), 1e-6,
-                         fused.Ptrs(*[w.data_ptr() for w in host_w]), fused.Ptrs(*[b.data_ptr() for b in bs]), F, H,
-                         Hkv, hd, hd ** -0.5, cos.data_ptr(), sin.data_ptr(), host_kv[0].data_ptr(),
-                         host_kv[1].data_ptr(), cap, ints[0].data_ptr(), ints[1].data_ptr(), ints[3].data_ptr(),
-                         ints[2].data_ptr(), 2)
+    kernel = ctypes.cast(getattr(lib, f"quant_linear_q{bits}"), ctypes.c_void_p).value
+    rc = lib.fused_layer_with(fused.Ptrs(*[kernel] * 7), M, D, host_h.data_ptr(), ln1.data_ptr(), ln2.data_ptr(), 1e-6,
+                              fused.Ptrs(*[w.data_ptr() for w in host_w]), fused.Ptrs(*[b.data_ptr() for b in bs]), F,
+                              H, Hkv, hd, hd ** -0.5, cos.data_ptr(), sin.data_ptr(), host_kv[0].data_ptr(),
+                              host_kv[1].data_ptr(), cap, ints[0].data_ptr(), ints[1].data_ptr(), ints[3].data_ptr(),
+                              ints[2].data_ptr(), 2)
     assert rc == 0
     np.testing.assert_allclose(joint, host_h.numpy(), rtol=1e-5, atol=1e-5 * np.abs(host_h.numpy()).max())
     assert not np.allclose(joint, h.numpy())                     # the layer changed h

@@ -42,7 +42,7 @@ from ..decode.backend import Backend, SequenceModel
 from ..decode.tree.mask import additive, ancestors
 
 FIXED_MIN = 256          # fixed shapes: the narrowest cache view a batched forward attends over
-FUSED_MAX = 32           # single-sequence forwards of at most this many tokens take the fused draft path (not prefill)
+FUSED_MAX = 32           # single-sequence forwards of at most this many tokens take the fused path (not prefill)
 PAD_ID = 0               # batched forwards: the id fed in padding slots (masked out, its logits unused)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
           "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -136,9 +136,9 @@ class BatchCacheMixin(Backend):
         held, width = list(self.blens), self.batch_width
         self._fed = (held, counts)
         self.blens = [h + c for h, c in zip(held, counts)]
+        if self.fused is not None and width and not hidden_states:
+            return self._fused_forward(tokens, held, trees)
         tree_rows = any(t is not None for t in (trees or []))
-        if self.fused is not None and width and not hidden_states and not tree_rows:
-            return self._fused_forward(tokens, held)
         fed = tokens
         if self.fixed_shape and rows < self.fixed_rows:   # rows that left feed nothing: the row count stays fixed
             extra = self.fixed_rows - rows
@@ -187,23 +187,28 @@ class BatchCacheMixin(Backend):
             return zs
         return zs, [tuple(h[b:b + 1, : len(t)] for h in out.hidden_states) for b, t in enumerate(tokens)]
 
-    def _fused_forward(self, tokens: list[list[int]], held: list[int]):
-        """``batch_forward`` of chains through ``self.fused`` (models/fused.py): token i of row b at position
-        and cache column len_b + i, attending to the row's columns 0 .. len_b + i."""
-        ids, rows, cols, keys = [], [], [], []
+    def _fused_forward(self, tokens: list[list[int]], held: list[int], trees: list | None):
+        """``batch_forward`` through ``self.fused`` (models/fused.py): token i of row b at cache column len_b + i;
+        a chain's at position len_b + i attending to the row's columns 0 .. len_b + i, a tree's at position
+        len_b + depth_i attending to the row's ``len_b`` committed columns, its ancestors and itself."""
+        ids, rows, cols, pos, keys = [], [], [], [], []
         for b, t in enumerate(tokens):
             if not len(t):
                 continue
             t = t.tolist() if isinstance(t, torch.Tensor) else list(t)     # the fused path runs on the CPU
+            tree = trees[b] if trees else None
             ids += t
             rows += [b] * len(t)
             cols += range(held[b], held[b] + len(t))
-            keys += _chain_keys(held[b], len(t))
-        cols_t = torch.tensor(cols, device=self.device)
+            if tree is None:
+                pos += range(held[b], held[b] + len(t))
+                keys += _chain_keys(held[b], len(t))
+            else:
+                pos += [held[b] + d for d in tree.depths[:len(t)]]
+                keys += _tree_keys(held[b], tree.parents[:len(t)])
+        ids, pos, rows, cols = (torch.tensor(x, device=self.device) for x in (ids, pos, rows, cols))
         with self._timed():
-            z = self.fused.forward(self.bcache, torch.tensor(ids, device=self.device), cols_t,
-                                   torch.tensor(rows, device=self.device), cols_t, *_flat(keys),
-                                   self.batch_rows, max(self.blens))
+            z = self.fused.forward(self.bcache, ids, pos, rows, cols, *_flat(keys), self.batch_rows, max(self.blens))
         self._show()
         z = self._widen_logits(z)
         parts, at = [], 0
@@ -331,7 +336,7 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
         self.cache = None
         self.bcache = None                      # the batched cache (a RowCache)
         self.blens: list[int] = []              # its rows' lengths, on the host
-        self.fused = None         # a models.fused.FusedDraft: batched chain forwards in one C call per layer
+        self.fused = None         # a models.fused.FusedDecoder: decoding forwards in one C call per layer
         self.forward_s = 0.0      # accumulated wall seconds inside forward()
         self.n_forwards = 0
         self.rows = None          # tokens most forwards will score (a hint for the CPU fast path)
@@ -530,6 +535,20 @@ def _chain_keys(length: int, n: int) -> list[torch.Tensor]:
     return [torch.arange(length + i + 1) for i in range(n)]
 
 
+def _tree_keys(length: int, parents: list[int]) -> list[torch.Tensor]:
+    """Cache columns each of a row's new tree tokens attends to: the row's ``length`` cached columns, then the
+    columns length + j of its ancestors j among the new tokens (``parents``: -1 = the committed sequence) and
+    its own, ascending."""
+    out = []
+    for i in range(len(parents)):
+        path, j = [], i
+        while j >= 0:
+            path.append(length + j)
+            j = parents[j]
+        out.append(torch.cat([torch.arange(length), torch.tensor(path[::-1])]))
+    return out
+
+
 def _row_mask(own: torch.Tensor, lens: torch.Tensor, width: int) -> torch.Tensor:
     """Bool [B, n, width]: query i of row b sees the row's columns below ``lens[b]`` and, among its new columns
     lens[b] + j (j < n), those ``own[b, i, j]`` allows."""
@@ -541,7 +560,7 @@ def _row_mask(own: torch.Tensor, lens: torch.Tensor, width: int) -> torch.Tensor
 
 
 def _flat(keys: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(all key columns, offsets [M + 1]) for ``FusedDraft.forward``."""
+    """(all key columns, offsets [M + 1]) for ``FusedDecoder.forward``."""
     off = torch.zeros(len(keys) + 1, dtype=torch.long)
     off[1:] = torch.tensor([len(k) for k in keys]).cumsum(0)
     return torch.cat(keys), off

@@ -1,19 +1,24 @@
-"""A quantized draft's chain forwards in one C call per decoder layer (``fused_layer`` in ``quant_gemm.c``).
+"""A decoder's decoding forwards in one C call per layer (``fused_layer_with`` in ``quant_gemm.c``): the quantized
+draft's chain forwards and the CPU fast path's target forwards (verification, ar, trees).
 
 Why: with q4 weights the embedded 0.5B draft streams 278 MB per token, ~13 ms at this machine's rate, yet
 a one-token forward through transformers' modules took ~28 ms: 169 separate linear calls from Python and
-~5 ms of small torch ops per step (norms, rotary, cache, SDPA for one query row, 24 layers). Here each
-layer (norm, q/k/v, rotary, cache write, attention, o, norm, gate/up, SiLU, down, residuals) is one call;
-the embedding lookup, rotary angles, final norm and LM head stay in torch.
+~5 ms of small torch ops per step (norms, rotary, cache, SDPA for one query row, 24 layers). The bf16 1.5B target
+lost 17 ms a forward that way on a Zen 3 EPYC and ~58 ms on a Zen 1 (docs/results.md). Here each layer (norm,
+q/k/v, rotary, cache write, attention, o, norm, gate/up, SiLU, down, residuals) is one call, each linear layer
+through its own kernel (the quantized draft's ``quant_linear``, the target's bf16 / fp32 panels); the embedding
+lookup, rotary angles, final norm and LM head stay in torch.
 
-Scope: Qwen2 / Llama decoders whose linear layers are all ``QuantLinear`` (``model.draft_quant=q4|q8``),
-full attention, SiLU MLP; the adapter's batched chain forwards (``batch_forward`` without trees or hidden
-states: every draft step of the chain proposer, any batch size) and single-sequence forwards of up to
-``adapter.FUSED_MAX`` tokens after a prefill. Prefill and tree forwards keep the transformers path. Each
-token is computed from its own inputs and keys only (row-invariant linears, attention over exactly the
-row's cache columns 0 .. its own, fixed summation order), so a row's drafts do not depend on its batch. The arithmetic differs from the transformers path in the last bits (vectorized exp,
-summation order): the draft proposes, the target decides, so lossless rules stay lossless (tested
-token-identical to ar), and ``fused.supports`` says why a model is not eligible.
+Scope: Qwen2 / Llama decoders, full attention, SiLU MLP, whose linear layers are all ``QuantLinear``
+(``model.draft_quant=q4|q8``) or ``PanelLinear`` (the CPU fast path); the adapter's batched forwards without
+hidden states (chains and draft trees, any batch size) and single-sequence chain forwards of up to
+``adapter.FUSED_MAX`` tokens after a prefill. Prefills, hidden-state forwards (EAGLE) and single-sequence forwards
+with a mask keep the transformers path. Each token is computed from its own inputs and keys only (row-invariant
+linears, attention over exactly the cache columns it may see, fixed summation order), so a row's logits do not
+depend on its batch or on how many tokens a forward scores: ar's one-token forwards and a verification's k + 1
+give the same logits for the same prefix, and greedy sd stays token-identical to ar. The arithmetic differs from
+the transformers path in the last bits (vectorized exp, summation order); ``supports`` says why a model is not
+eligible.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import ctypes
 
 import torch
 
-from . import quant
+from . import panel, quant
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 Ptrs = ctypes.c_void_p * len(LINEARS)
@@ -31,14 +36,14 @@ def _lib():
     lib = quant.library()
     if lib is not None and not getattr(lib, "_fused_typed", False):
         p, L, i, f = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
-        lib.fused_layer.restype = i
-        lib.fused_layer.argtypes = [i, L, L, p, p, p, f, p, p, L, i, i, i, f, p, p, p, p, L, p, p, p, p, i]
+        lib.fused_layer_with.restype = i
+        lib.fused_layer_with.argtypes = [p, L, L, p, p, p, f, p, p, L, i, i, i, f, p, p, p, p, L, p, p, p, p, i]
         lib._fused_typed = True
     return lib
 
 
 def supports(model) -> str | None:
-    """None when ``model`` can run fused chain forwards, else why not (one line)."""
+    """None when ``model`` can run fused forwards, else why not (one line)."""
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in ("qwen2", "llama"):
         return f"model type {getattr(cfg, 'model_type', None)!r} (fused forwards cover qwen2, llama)"
@@ -49,16 +54,18 @@ def supports(model) -> str | None:
     if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])) or getattr(cfg, "use_sliding_window", False):
         return "sliding-window layers"
     inner = getattr(model, "model", None)
-    if inner is None or not isinstance(getattr(model, "lm_head", None), quant.QuantLinear):
-        return "the LM head is not quantized (model.draft_quant=q4|q8)"
-    if inner.embed_tokens.weight.dtype != torch.float32:
-        return f"the draft runs {inner.embed_tokens.weight.dtype} outside its linear layers (fused forwards take fp32)"
-    bits = model.lm_head.bits
+    if inner is None:
+        return "no decoder stack (model.model)"
     for layer in inner.layers:
         for name in LINEARS:
             m = getattr(layer.self_attn if name[0] in "qkvo" else layer.mlp, name, None)
-            if not isinstance(m, quant.QuantLinear) or m.bits != bits or m.n_pad != m.out_features:
-                return f"{name} is not a {bits}-bit QuantLinear with a multiple of 32 outputs"
+            if not isinstance(m, (quant.QuantLinear, panel.PanelLinear)):
+                return (f"{name} is a {type(m).__name__} (fused forwards take QuantLinear layers, model.draft_quant="
+                        "q4|q8, or PanelLinear layers, the CPU fast path)")
+            if m.n_pad != m.out_features:
+                return f"{name} has {m.out_features} outputs, padded to {m.n_pad} (fused forwards take whole panels)"
+    if inner.embed_tokens.weight.dtype != torch.float32:
+        return f"the model runs {inner.embed_tokens.weight.dtype} outside its linear layers (fused forwards take fp32)"
     if inner.layers[0].self_attn.head_dim % 16:
         return "head_dim is not a multiple of 16"
     if cfg.hidden_size % 32 or cfg.intermediate_size % 32:
@@ -66,26 +73,25 @@ def supports(model) -> str | None:
     return None
 
 
-class FusedDraft:
-    """Chain forwards of a quantized decoder (``supports(model)`` is None) against a ``GrowingCache`` or
-    ``RowCache`` (models/kvcache.py)."""
+class FusedDecoder:
+    """Decoding forwards of a decoder whose linear layers are kernels' panels (``supports(model)`` is None)
+    against a ``GrowingCache`` or ``RowCache`` (models/kvcache.py)."""
 
     def __init__(self, model):
         why = supports(model)
         if why is not None:
-            raise ValueError(f"fused draft forwards unavailable: {why}")
+            raise ValueError(f"fused forwards unavailable: {why}")
         self.lib, self.model, cfg, inner = _lib(), model, model.config, model.model
         attn0 = inner.layers[0].self_attn
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim, self.scale = attn0.head_dim, float(attn0.scaling)
-        self.bits, self.eps = model.lm_head.bits, float(cfg.rms_norm_eps)
-        self.hidden, self.ffn = cfg.hidden_size, cfg.intermediate_size
+        self.eps, self.hidden, self.ffn = float(cfg.rms_norm_eps), cfg.hidden_size, cfg.intermediate_size
         self.layers = []
         for layer in inner.layers:
             mods = [getattr(layer.self_attn if n[0] in "qkvo" else layer.mlp, n) for n in LINEARS]
             norms = [layer.input_layernorm.weight.detach().float().contiguous(),
                      layer.post_attention_layernorm.weight.detach().float().contiguous()]
-            self.layers.append((norms, Ptrs(*[m.panels.data_ptr() for m in mods]),
+            self.layers.append((norms, Ptrs(*[m.address for m in mods]), Ptrs(*[m.panels.data_ptr() for m in mods]),
                                 Ptrs(*[None if m.bias is None else m.bias.data_ptr() for m in mods]), mods))
 
     @torch.inference_mode()
@@ -105,14 +111,14 @@ class FusedDraft:
         keys_i, off_i = keys.to(torch.int32).contiguous(), key_off.to(torch.int32).contiguous()
         threads = torch.get_num_threads()
         like = x.new_empty(batch, self.kv_heads, 0, self.head_dim)
-        for layer, ((ln1, ln2), w, b, _) in zip(cache.layers, self.layers):
+        for layer, ((ln1, ln2), fn, w, b, _) in zip(cache.layers, self.layers):
             layer.hold(like, like, width)
-            rc = self.lib.fused_layer(self.bits, m, self.hidden, x.data_ptr(), ln1.data_ptr(), ln2.data_ptr(), self.eps,
-                                      w, b, self.ffn, self.heads, self.kv_heads, self.head_dim, self.scale,
-                                      cos.data_ptr(), sin.data_ptr(), layer._kbuf.data_ptr(), layer._vbuf.data_ptr(),
-                                      layer._kbuf.shape[2], rows_i.data_ptr(), cols_i.data_ptr(), keys_i.data_ptr(),
-                                      off_i.data_ptr(), threads)
+            rc = self.lib.fused_layer_with(fn, m, self.hidden, x.data_ptr(), ln1.data_ptr(), ln2.data_ptr(), self.eps,
+                                           w, b, self.ffn, self.heads, self.kv_heads, self.head_dim, self.scale,
+                                           cos.data_ptr(), sin.data_ptr(), layer._kbuf.data_ptr(), layer._vbuf.data_ptr(),
+                                           layer._kbuf.shape[2], rows_i.data_ptr(), cols_i.data_ptr(), keys_i.data_ptr(),
+                                           off_i.data_ptr(), threads)
             if rc != 0:
-                raise MemoryError(f"fused draft layer failed (code {rc}) for {m} tokens")
+                raise MemoryError(f"fused layer failed (code {rc}) for {m} tokens")
             layer.show(width)
         return self.model.lm_head(inner.norm(x)).float()

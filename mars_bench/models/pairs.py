@@ -113,6 +113,8 @@ def load_pair(mcfg, need_draft: bool = True) -> Pair:
             check_offload(target, mcfg.get("allow_offload", False))
         target = _prepare(target if mcfg.device_map else target.to(device), mcfg, device)
         adapter = capture(CausalLMAdapter(target, name=t_path), mcfg.get("capture", "off"), device)
+        if _fast_path_on(mcfg, device):
+            _fuse(adapter, "target")
         pair = _LOADED[key] = Pair(adapter, None, tok, t_path, d_path or "", chat)
     if need_draft and pair.draft is None and pair.draft_path:   # e.g. an ar job ran first
         pair.draft = load_draft(mcfg, pair)[0]
@@ -174,14 +176,20 @@ def load_draft(mcfg, pair: Pair) -> tuple[CausalLMAdapter, str]:
     adapter = capture(CausalLMAdapter(_prepare(draft, mcfg, device), out_vocab=pair.target.vocab, name=pair.draft_path,
                                       vocab_ids=keep), mcfg.get("capture", "off"), device)
     if scheme in ("q4", "q8"):
-        from . import fused
-
-        why = fused.supports(adapter.model)
-        if why is None:
-            adapter.fused = fused.FusedDraft(adapter.model)
-        else:
-            log.info("draft chain forwards through transformers' modules: %s", why)
+        _fuse(adapter, "draft")
     return adapter, DRAFT_QUANT_SCHEME[scheme]
+
+
+def _fuse(adapter, role: str) -> None:
+    """``adapter``'s decoding forwards in one C call per layer (models/fused.py) where its model qualifies; else
+    one logged line saying why not."""
+    from . import fused
+
+    why = fused.supports(adapter.model)
+    if why is None:
+        adapter.fused = fused.FusedDecoder(adapter.model)
+    else:
+        log.info("%s forwards through transformers' modules: %s", role, why)
 
 
 def _quantize_draft(scheme: str) -> str:

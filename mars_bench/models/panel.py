@@ -329,6 +329,12 @@ class PanelLinear(nn.Module):
         return f"panel-{self.family}" + ("-bf16" if self.bf16 else "")
 
     @property
+    def address(self) -> int:
+        """The C address of the kernel this layer calls (``fused_layer_with`` in quant_gemm.c calls it from C:
+        models/fused.py)."""
+        return ctypes.cast(self._run, ctypes.c_void_p).value
+
+    @property
     def bf16_inputs(self) -> bool:
         """True where the kernel rounds its inputs to bf16 (AMX, AVX512_BF16, BFDOT); the avx2 and neon convert +
         FMA kernels keep them fp32."""

@@ -166,6 +166,12 @@ class QuantLinear(nn.Module):
     def kernel(self) -> str:
         return f"q{self.bits}g{GROUP}-{self.layout}"
 
+    @property
+    def address(self) -> int:
+        """The C address of this layer's kernel with the bits bound (``quant_linear_q4`` / ``_q8``): how
+        ``fused_layer_with`` (models/fused.py) calls it."""
+        return ctypes.cast(getattr(library(), f"quant_linear_q{self.bits}"), ctypes.c_void_p).value
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
 

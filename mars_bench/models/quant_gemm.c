@@ -181,7 +181,7 @@ int quant_linear(int bits, const float *x, long M, long K, const unsigned char *
     return 0;
 }
 
-/* ---- One decoder layer of a quantized Qwen2 / Llama draft for a few new tokens (fused.py) -------------
+/* ---- One decoder layer of a Qwen2 / Llama model for a few new tokens (fused.py) ------------------------
  * h[M, D] (residual stream, in / out):
  *   t = rmsnorm(h) ln1;  q, k, v = t Wq + bq, t Wk + bk, t Wv + bv;  rotary(q, k) with cos / sin [M, hd]
  *   (rotate-half form);  k, v written to the cache [B, Hkv, cap, hd] at (tok_row[m], tok_col[m]);
@@ -202,12 +202,25 @@ static void rotary(float *x, int heads, int hd, const float *cos, const float *s
     }
 }
 
-/* w / b: the seven linear layers q, k, v, o, gate, up, down (panels as quant_linear takes them; b may hold
- * NULLs). Returns 0, -1 when scratch cannot be allocated, -2 for bad shapes. */
-int fused_layer(int bits, long M, long D, float *h, const float *ln1, const float *ln2, float eps,
-                const unsigned char *const *w, const float *const *b, long F, int H, int Hkv, int hd, float scale,
-                const float *cos, const float *sin, float *kbuf, float *vbuf, long cap, const int *tok_row,
-                const int *tok_col, const int *keys, const int *key_off, int threads) {
+/* A linear layer y[M, N] = x[M, K] W^T + b of any kernel: quant_linear_q4 / _q8 below, or panel_gemm.c's
+ * panel_linear_bf16, panel_linear_amx, panel_linear (a bf16 or fp32 target's panels; fused.py passes their
+ * addresses). Each is row-invariant; returns 0, or nonzero when it fails. */
+typedef int (*linear_fn)(const float *x, long M, long K, const void *w, long N, const float *bias, float *y,
+                         int threads);
+int quant_linear_q4(const float *x, long M, long K, const void *w, long N, const float *bias, float *y, int threads) {
+    return quant_linear(4, x, M, K, w, N, bias, y, threads);
+}
+int quant_linear_q8(const float *x, long M, long K, const void *w, long N, const float *bias, float *y, int threads) {
+    return quant_linear(8, x, M, K, w, N, bias, y, threads);
+}
+
+/* lin / w / b: the seven linear layers q, k, v, o, gate, up, down (each its kernel, its weights as that kernel
+ * takes them, its bias or NULL). Returns 0, -1 when scratch cannot be allocated, -2 for bad shapes, or a
+ * linear layer's own nonzero code. */
+int fused_layer_with(const linear_fn *lin, long M, long D, float *h, const float *ln1, const float *ln2, float eps,
+                     const void *const *w, const float *const *b, long F, int H, int Hkv, int hd, float scale,
+                     const float *cos, const float *sin, float *kbuf, float *vbuf, long cap, const int *tok_row,
+                     const int *tok_col, const int *keys, const int *key_off, int threads) {
     if (D % 32 || F % 32 || hd % 16 || H % Hkv || (H * hd) % 32 || (Hkv * hd) % 32) return -2;
     const long Nq = (long)H * hd, Nk = (long)Hkv * hd, W = D > F ? D : F;
     int most = 0;
@@ -218,9 +231,9 @@ int fused_layer(int bits, long M, long D, float *h, const float *ln1, const floa
     int rc = 0;
     if (!t || !q || !k || !v || !att || !g || !u || !s) { rc = -1; goto done; }
     for (long m = 0; m < M; m++) rms_norm(h + m * D, ln1, t + m * D, D, eps);
-    if ((rc = quant_linear(bits, t, M, D, w[0], Nq, b[0], q, threads))) goto done;
-    if ((rc = quant_linear(bits, t, M, D, w[1], Nk, b[1], k, threads))) goto done;
-    if ((rc = quant_linear(bits, t, M, D, w[2], Nk, b[2], v, threads))) goto done;
+    if ((rc = lin[0](t, M, D, w[0], Nq, b[0], q, threads))) goto done;
+    if ((rc = lin[1](t, M, D, w[1], Nk, b[1], k, threads))) goto done;
+    if ((rc = lin[2](t, M, D, w[2], Nk, b[2], v, threads))) goto done;
     for (long m = 0; m < M; m++) {
         rotary(q + m * Nq, H, hd, cos + m * hd, sin + m * hd);
         rotary(k + m * Nk, Hkv, hd, cos + m * hd, sin + m * hd);
@@ -237,21 +250,35 @@ int fused_layer(int bits, long M, long D, float *h, const float *ln1, const floa
         attend(q + m * Nq + j * hd, kbuf + base, vbuf + base, hd, keys + key_off[m], key_off[m + 1] - key_off[m],
                scale, s + mj * (most + 16), att + m * Nq + j * hd);
     }
-    if ((rc = quant_linear(bits, att, M, Nq, w[3], D, b[3], t, threads))) goto done;
+    if ((rc = lin[3](att, M, Nq, w[3], D, b[3], t, threads))) goto done;
     for (long i = 0; i < M * D; i++) h[i] += t[i];
     for (long m = 0; m < M; m++) rms_norm(h + m * D, ln2, t + m * D, D, eps);
-    if ((rc = quant_linear(bits, t, M, D, w[4], F, b[4], g, threads))) goto done;
-    if ((rc = quant_linear(bits, t, M, D, w[5], F, b[5], u, threads))) goto done;
+    if ((rc = lin[4](t, M, D, w[4], F, b[4], g, threads))) goto done;
+    if ((rc = lin[5](t, M, D, w[5], F, b[5], u, threads))) goto done;
     silu_mul(g, u, M * F);                                  /* silu(gate) * up */
-    if ((rc = quant_linear(bits, g, M, F, w[6], D, b[6], t, threads))) goto done;
+    if ((rc = lin[6](g, M, F, w[6], D, b[6], t, threads))) goto done;
     for (long i = 0; i < M * D; i++) h[i] += t[i];
 done:
     free(t); free(q); free(k); free(v); free(att); free(g); free(u); free(s);
     return rc;
 }
+
+/* fused_layer_with for a quantized draft: all seven layers ``bits``-bit panels as quant_linear takes them. */
+int fused_layer(int bits, long M, long D, float *h, const float *ln1, const float *ln2, float eps,
+                const unsigned char *const *w, const float *const *b, long F, int H, int Hkv, int hd, float scale,
+                const float *cos, const float *sin, float *kbuf, float *vbuf, long cap, const int *tok_row,
+                const int *tok_col, const int *keys, const int *key_off, int threads) {
+    if (bits != 4 && bits != 8) return -2;
+    const linear_fn f = bits == 4 ? quant_linear_q4 : quant_linear_q8, lin[7] = {f, f, f, f, f, f, f};
+    return fused_layer_with(lin, M, D, h, ln1, ln2, eps, (const void *const *)w, b, F, H, Hkv, hd, scale, cos, sin,
+                            kbuf, vbuf, cap, tok_row, tok_col, keys, key_off, threads);
+}
 #else
 
 int fused_layer(void) { return -2; }
+int fused_layer_with(void) { return -2; }
+int quant_linear_q4(void) { return -2; }
+int quant_linear_q8(void) { return -2; }
 int quant_linear(int bits, const float *x, long M, long K, const unsigned char *wp, long N, const float *bias,
                  float *y, int threads) { return -2; }
 #endif
