@@ -129,6 +129,9 @@ def test_supports_names_what_it_does_not_cover():
     assert "'gemma'" in fused.supports(draft)
     with pytest.raises(ValueError, match="fused forwards unavailable: model type 'gemma'"):
         fused.FusedDecoder(draft)
+    from mars_bench.models.fastpath import enable_fast_path
+
+    assert "q_proj holds fp32 panels" in fused.supports(enable_fast_path(tiny_pair()[0]))   # they follow packing
 
 
 @pytest.mark.parametrize("scheme, on", [("q4", True), ("q8", True), ("int8", False), ("none", False)])

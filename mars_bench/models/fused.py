@@ -6,12 +6,12 @@ a one-token forward through transformers' modules took ~28 ms: 169 separate line
 ~5 ms of small torch ops per step (norms, rotary, cache, SDPA for one query row, 24 layers). The bf16 1.5B target
 lost 17 ms a forward that way on a Zen 3 EPYC and ~58 ms on a Zen 1 (docs/results.md). Here each layer (norm,
 q/k/v, rotary, cache write, attention, o, norm, gate/up, SiLU, down, residuals) is one call, each linear layer
-through its own kernel (the quantized draft's ``quant_linear``, the target's bf16 / fp32 panels); the embedding
+through its own kernel (the quantized draft's ``quant_linear``, the target's bf16 panels); the embedding
 lookup, rotary angles, final norm and LM head stay in torch.
 
 Scope: Qwen2 / Llama decoders, full attention, SiLU MLP, whose linear layers are all ``QuantLinear``
-(``model.draft_quant=q4|q8``) or ``PanelLinear`` (the CPU fast path); the adapter's batched forwards without
-hidden states (chains and draft trees, any batch size) and single-sequence chain forwards of up to
+(``model.draft_quant=q4|q8``) or bf16 ``PanelLinear`` (the CPU fast path, ``model.dtype=bf16``); the adapter's
+batched forwards without hidden states (chains and draft trees, any batch size) and single-sequence chain forwards of up to
 ``adapter.FUSED_MAX`` tokens after a prefill. Prefills, hidden-state forwards (EAGLE) and single-sequence forwards
 with a mask keep the transformers path. Each token is computed from its own inputs and keys only (row-invariant
 linears, attention over exactly the cache columns it may see, fixed summation order), so a row's logits do not
@@ -62,6 +62,9 @@ def supports(model) -> str | None:
             if not isinstance(m, (quant.QuantLinear, panel.PanelLinear)):
                 return (f"{name} is a {type(m).__name__} (fused forwards take QuantLinear layers, model.draft_quant="
                         "q4|q8, or PanelLinear layers, the CPU fast path)")
+            if isinstance(m, panel.PanelLinear) and not m.bf16:
+                return (f"{name} holds fp32 panels (fused forwards take bf16 ones, model.dtype=bf16: fp32 panels "
+                        "follow adapter.packing, the plain path beside the packed one)")
             if m.n_pad != m.out_features:
                 return f"{name} has {m.out_features} outputs, padded to {m.n_pad} (fused forwards take whole panels)"
     if inner.embed_tokens.weight.dtype != torch.float32:

@@ -203,8 +203,8 @@ static void rotary(float *x, int heads, int hd, const float *cos, const float *s
 }
 
 /* A linear layer y[M, N] = x[M, K] W^T + b of any kernel: quant_linear_q4 / _q8 below, or panel_gemm.c's
- * panel_linear_bf16, panel_linear_amx, panel_linear (a bf16 or fp32 target's panels; fused.py passes their
- * addresses). Each is row-invariant; returns 0, or nonzero when it fails. */
+ * panel_linear_bf16 or panel_linear_amx (a bf16 target's panels; fused.py passes their addresses). Each is
+ * row-invariant; returns 0, or nonzero when it fails. */
 typedef int (*linear_fn)(const float *x, long M, long K, const void *w, long N, const float *bias, float *y,
                          int threads);
 int quant_linear_q4(const float *x, long M, long K, const void *w, long N, const float *bias, float *y, int threads) {
