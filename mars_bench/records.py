@@ -72,6 +72,7 @@ class SampleRecord:
     order: int | None = None                # position among the interleaved methods for this sample
     phase: str | None = None                # a study's phase: quality (batched) | timed (B = 1); None outside studies
     machine: dict | None = None             # where it was decoded (``machine()``): cpu, isa, threads, gpu
+    commit: str | None = None               # the code that decoded it (``provenance.git_commit``; '+dirty': changes)
     new_tokens: int = 0
     steps: int = 0
     tau: float = 0.0

@@ -25,7 +25,7 @@ TURN_KEYS = ["stop_reason", "steps", "proposed", "accepted", "relaxed", "z1", "z
              "output_ids", "output_text"]
 SAMPLE_KEYS = ["record_version", "id", "index", "task", "task_version", "model", "method", "scheme", "rule",
                "rule_settings", "k", "p_min", "draft_quant", "fast_kernel", "theta", "temperature", "seed", "timing",
-               "order", "phase", "machine", "new_tokens", "steps", "tau", "n_proposed", "n_accepted", "n_exact", "n_relaxed",
+               "order", "phase", "machine", "commit", "new_tokens", "steps", "tau", "n_proposed", "n_accepted", "n_exact", "n_relaxed",
                "n_by_clause", "prefill_s", "wall_s", "target_s", "draft_s", "score", "batch_size", "turns"]
 
 

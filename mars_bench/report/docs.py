@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..storage import atomic_write_text
-from .frames import load_frames
+from ..storage import atomic_write_text, read_samples
+from .frames import load_frames, record_commits
 from .pack import is_pack, unpacked
 from .read import find_run_dirs
 from .tables import main_table, study_table
@@ -28,7 +28,8 @@ def markers(pack: str | Path) -> tuple[str, str]:
 
 
 def provenance(root: str | Path) -> dict:
-    """Commits, machines, CPU kernels and library versions recorded in the summaries under ``root``."""
+    """Commits, machines, CPU kernels and library versions recorded in the summaries under ``root``, and the
+    commits its records name (``frames.record_commits``; older records name none)."""
     out: dict[str, set] = {"commits": set(), "machines": set(), "kernels": set(), "torch": set()}
     for d in find_run_dirs(root):
         path = d / "summary.json"
@@ -36,7 +37,9 @@ def provenance(root: str | Path) -> dict:
             continue
         s = json.loads(path.read_text(encoding="utf-8"))
         man = s.get("manifest") or {}
-        out["commits"].add(man.get("git_commit") or "unrecorded")
+        recs, _ = read_samples(d / "samples.jsonl")
+        named = record_commits(recs)
+        out["commits"].update(named.split(", ") if named else [man.get("git_commit") or "unrecorded"])
         out["machines"].update(s.get("machines") or ["unrecorded"])
         out["kernels"].update(k for k in s.get("fast_kernel") or [] if k)
         if man.get("torch"):

@@ -112,12 +112,20 @@ def _row(run: RunFiles, s: dict, ar: RunFiles | None, ref: RunFiles | None) -> d
     return row
 
 
+def record_commits(records: list) -> str | None:
+    """The commits a run's records were decoded at, sorted and comma-separated (a run resumed at other code names
+    each); None when none names one."""
+    found = sorted({r.get("commit") for r in records if r.get("commit")})
+    return ", ".join(found) or None
+
+
 def _budget_columns(run: RunFiles, s: dict, ar: RunFiles | None) -> dict:
-    """Provenance and runaway samples: commit (the manifest's git commit; '+dirty' when the tree had uncommitted
-    changes), n_budget (samples whose last turn stopped at max_new_tokens, the count behind ``truncated``), and
+    """Provenance and runaway samples: commit (the commits its records name, comma-separated, else the summary
+    manifest's, for records written before they named one; '+dirty' when the tree had uncommitted changes),
+    n_budget (samples whose last turn stopped at max_new_tokens, the count behind ``truncated``), and
     the speedup over ar without the speed pairs where either sample hit the budget in any turn
     (``summary.budget_free_speedup``): speedup_no_budget [lo, hi], n_no_budget, n_budget_dropped."""
-    out = {"commit": ((s.get("manifest") or {}).get("git_commit")) or None,
+    out = {"commit": record_commits(run.records) or ((s.get("manifest") or {}).get("git_commit")) or None,
            "n_budget": sum(W.hit_budget_last(rec) for rec in run.records) if run.records else None}
     if run.spec.scheme == "ar" and run.records:
         out.update(speedup_no_budget=1.0, n_no_budget=sum(not W.hit_budget(r) for r in run.records))

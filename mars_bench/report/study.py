@@ -10,7 +10,7 @@ value comes from.
 Notes (footnotes) per row: the quality run's share of samples cut at max_new_tokens (k of n, beside ar's quality
 run, flagged above TRUNCATION_LIMIT), the timed run's runaway samples (their effect on the speedup), problems
 and restated numbers of either run, and the commit the records were written at ('+dirty': uncommitted changes
-in the tree, never shown as the clean commit).
+in the tree, never shown as the clean commit; a run resumed at other code names each commit, flagged).
 """
 from __future__ import annotations
 
@@ -115,8 +115,13 @@ def timed_budget_note(timed) -> str | None:
 
 
 def commit_note(commit: str | None) -> str:
+    """The footnote naming the code a run's records were decoded at (``frames.record_commits``: one commit, or
+    several, comma-separated, when the run was resumed at other code)."""
     if not commit:
         return "records without a recorded commit"
+    if ", " in commit:
+        return (f"records written at {len(commit.split(', '))} commits ({commit}): the run was resumed at other code, "
+                f"so its samples are not one commit's decoding")
     if commit.endswith("+dirty"):
         return (f"records written at {commit}: the tree had uncommitted changes, so the code is not exactly commit "
                 f"{commit.removesuffix('+dirty')[:7]}")
@@ -139,8 +144,8 @@ def study_notes(table: Table, timed, q, ar_q) -> str:
     timed_cut = timed_budget_note(timed)
     warn += [timed_cut] if timed_cut else []
     commits = sorted({c for r in (q, timed) if r is not None for c in [val(r, "commit")]}, key=str)
-    dirty = [commit_note(c) for c in commits if c and c.endswith("+dirty")]
-    warn += dirty
-    items += [commit_note(c) for c in commits if not (c and c.endswith("+dirty"))]
+    flagged = [c for c in commits if c and ("+dirty" in c or ", " in c)]   # a dirty tree, or several commits
+    warn += [commit_note(c) for c in flagged]
+    items += [commit_note(c) for c in commits if c not in flagged]
     marks = [table.footnote(text) for text in warn + items]
     return ("⚠ " if warn else "") + ",".join(f"[{m}]" for m in marks)

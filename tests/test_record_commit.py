@@ -1,0 +1,66 @@
+"""Every record names the commit of the code that decoded it, so a run resumed at other code says so: its records
+carry both commits, and the report's commit column, its footnote and a pack's stamp name both."""
+from __future__ import annotations
+
+from mars_bench import runner as R
+from mars_bench.report import load_frames
+from mars_bench.report.docs import provenance
+from mars_bench.report.frames import record_commits
+from mars_bench.report.study import commit_note
+from mars_bench.storage import read_samples
+
+from .test_cli import tiny_cfg
+
+OLD, NEW = "a" * 40, "b" * 40 + "+dirty"
+
+
+def test_a_run_resumed_at_other_code_names_both_commits(tmp_path, monkeypatch):
+    monkeypatch.setattr(R, "git_commit", lambda: OLD)
+    R.run(tiny_cfg(tmp_path, "method=ar", "limit=2"))
+    monkeypatch.setattr(R, "git_commit", lambda: NEW)
+    R.run(tiny_cfg(tmp_path, "method=ar", "limit=4"))      # resumes the same run: 2 more samples at other code
+    [samples] = list(tmp_path.rglob("samples.jsonl"))
+    recs, problems = read_samples(samples)
+    assert not problems and [r["commit"] for r in recs] == [OLD, OLD, NEW, NEW]
+    both = f"{OLD}, {NEW}"
+    assert record_commits(recs) == both and record_commits([{"id": "x"}]) is None   # older records name none
+    assert provenance(tmp_path)["commits"] == {OLD, NEW}
+    assert list(load_frames(tmp_path).runs["commit"]) == [both]
+    assert commit_note(both).startswith(f"records written at 2 commits ({both})")
+    assert commit_note(OLD) == f"records written at commit {OLD}"
+
+
+def test_a_run_at_one_commit_names_it_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(R, "git_commit", lambda: OLD)
+    R.run(tiny_cfg(tmp_path, "method=ar", "limit=2"))
+    assert provenance(tmp_path)["commits"] == {OLD}
+    assert list(load_frames(tmp_path).runs["commit"]) == [OLD]
+
+
+
+def test_a_study_resumed_at_other_code_is_flagged(tmp_path):
+    """A study whose mars quality run holds records of two commits (as a resumed one writes them, above): its row
+    is flagged and the footnote names both."""
+    import json
+    import subprocess
+    import sys
+
+    from mars_bench.report.study import study_table
+
+    from .conftest import data_dir
+    from .test_cli import ROOT
+
+    subprocess.run([sys.executable, "-m", "mars_bench.cli", "model=tiny", "+compare=methods", "progress=false",
+                    "max_new_tokens=16", "limit=4", "study.batch_size=2", "study.timed_min=2", "study.timed_max=2",
+                    f"data_dir={data_dir()}", f"results_dir={tmp_path}"], cwd=ROOT, check=True, capture_output=True)
+    [samples] = [p for p in tmp_path.rglob("samples.jsonl")
+                 if p.parent.name.startswith("mars-") and "-b2-" in p.parent.name]
+    recs = [json.loads(x) for x in samples.read_text().splitlines()]
+    assert len({r["commit"] for r in recs}) == 1
+    for r in recs[2:]:
+        r["commit"] = NEW
+    samples.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    table = study_table(load_frames(tmp_path).runs)
+    mars = next(r for r in table.rows if r["method"].startswith("mars"))
+    note = f"records written at 2 commits ({', '.join(sorted({recs[0]['commit'], NEW}))})"
+    assert mars["notes"].startswith("⚠") and any(f.startswith(note) for f in table.footnotes), table.footnotes
