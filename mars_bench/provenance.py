@@ -2,6 +2,7 @@
 a sample is decoded on (``machine``: CPU, the instruction sets the kernels choose between, threads, GPU)."""
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -17,6 +18,12 @@ def git_commit() -> str:
         return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+@functools.cache
+def process_commit() -> str:
+    """``git_commit()`` once per process: the code this process imported, which every record it writes names."""
+    return git_commit()
 
 
 def manifest() -> dict:

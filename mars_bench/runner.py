@@ -23,7 +23,7 @@ from .errors import ConfigError
 from .decode.rules import RULES
 from . import engines
 from .decode_settings import decode_config, draft_quant_of, max_new_tokens_of, method_of
-from .provenance import git_commit, machine, machine_label
+from .provenance import machine, machine_label, process_commit
 from .recordbuild import job_fields, sample_record, sample_seed, turn_record
 from .sample_writer import SampleWriter
 from .storage import atomic_write_text
@@ -82,7 +82,7 @@ class Job:
         self.run_dir = self.task_dir / self.tag.dir_name
         self._check_owner()
         self.fields = {**job_fields(self.tag, self.task, cfg.model.name, self.draft_quant, interleaved, phase),
-                       "commit": git_commit()}
+                       "commit": process_commit()}
         self.writer = SampleWriter(self.run_dir / "samples.jsonl", on_start=self.write_spec)
         self.todo = {s.id for s in self.samples if s.id not in self.writer.done}
         sweep = RULES[self.tag.rule].sweep if self.method.speculative else None

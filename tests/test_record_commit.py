@@ -15,9 +15,9 @@ OLD, NEW = "a" * 40, "b" * 40 + "+dirty"
 
 
 def test_a_run_resumed_at_other_code_names_both_commits(tmp_path, monkeypatch):
-    monkeypatch.setattr(R, "git_commit", lambda: OLD)
+    monkeypatch.setattr(R, "process_commit", lambda: OLD)
     R.run(tiny_cfg(tmp_path, "method=ar", "limit=2"))
-    monkeypatch.setattr(R, "git_commit", lambda: NEW)
+    monkeypatch.setattr(R, "process_commit", lambda: NEW)
     R.run(tiny_cfg(tmp_path, "method=ar", "limit=4"))      # resumes the same run: 2 more samples at other code
     [samples] = list(tmp_path.rglob("samples.jsonl"))
     recs, problems = read_samples(samples)
@@ -31,7 +31,7 @@ def test_a_run_resumed_at_other_code_names_both_commits(tmp_path, monkeypatch):
 
 
 def test_a_run_at_one_commit_names_it_once(tmp_path, monkeypatch):
-    monkeypatch.setattr(R, "git_commit", lambda: OLD)
+    monkeypatch.setattr(R, "process_commit", lambda: OLD)
     R.run(tiny_cfg(tmp_path, "method=ar", "limit=2"))
     assert provenance(tmp_path)["commits"] == {OLD}
     assert list(load_frames(tmp_path).runs["commit"]) == [OLD]
