@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup run test test-slow bench demo reproduce reproduce-full shard figures clean setup-vllm test-vllm bench-vllm
+.PHONY: setup run test test-slow bench demo reproduce reproduce-full shard park figures clean setup-vllm test-vllm bench-vllm
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -59,15 +59,22 @@ reproduce: $(STAMP)
 # 0.9, and trees (the T = 1 tree arm, WMT19 segments 1-16). Each shard runs in results/shards/<name>/ and, when
 # finished, writes its pack results/study/<name>.tar.xz (commit those); rerunning resumes an interrupted shard
 # and skips the packed ones, so the study can be spread over sittings: `make shard SHARD=gsm8k` runs one. The
-# report reads whichever packs exist and names the shards missing.
+# report reads whichever packs exist and names the shards missing. On another machine: stop the shard, `make park
+# SHARD=gsm8k` writes results/parts/gsm8k.tar.xz (commit it), and `make shard SHARD=gsm8k` on a machine of the same
+# kind at the same decoding code resumes from it (ALLOW_MIXED=1: resume anyway; the records then say so).
 SHARD ?=
+ALLOW_MIXED ?=
+MIXED_FLAG := $(if $(ALLOW_MIXED),--allow-mixed,)
 reproduce-full: $(STAMP)
-	$(BIN)/python -m mars_bench.shards run --all $(DIRTY_FLAG)
+	$(BIN)/python -m mars_bench.shards run --all $(DIRTY_FLAG) $(MIXED_FLAG)
 	$(BIN)/mars-bench-report results/study/*.tar.xz --out results/study/report-full
 
 shard: $(STAMP)
-	$(BIN)/python -m mars_bench.shards run $(SHARD) $(DIRTY_FLAG)
+	$(BIN)/python -m mars_bench.shards run $(SHARD) $(DIRTY_FLAG) $(MIXED_FLAG)
 	$(BIN)/mars-bench-report results/study/*.tar.xz --out results/study/report-full
+
+park: $(STAMP)
+	$(BIN)/python -m mars_bench.shards park $(SHARD)
 
 # Tables (md/csv/tex) and figures (png/pdf) of everything under results/ -> results/report/
 figures: $(STAMP)

@@ -5,6 +5,7 @@ shard has finished), so that the study can be spread over sittings.
     python -m mars_bench.shards list                       # names, what each runs, its estimated time
     python -m mars_bench.shards run NAME [NAME ...] [--allow-dirty] [-- override ...]   # overrides: every command
     python -m mars_bench.shards run --all                  # every shard whose pack is not there yet
+    python -m mars_bench.shards park NAME                  # a stopped shard's records, to resume at another sitting
     python -m mars_bench.shards check-clean [--allow-dirty]  # refuse a run from a tree with uncommitted changes
 
 Resuming: rerunning a shard reruns its commands in the same results tree, and every run resumes (finished
@@ -13,6 +14,14 @@ size (``study.timed_min`` = ``study.timed_max``), so which samples are timed nev
 interrupted: an interrupted shard ends with exactly the samples of an uninterrupted one. A shard whose pack
 exists is done and is skipped. The report reads any set of packs and names the shards missing from it
 (``missing``).
+
+Sittings on different machines: ``park`` packs a stopped shard's unfinished tree to ``results/parts/<name>.tar.xz``
+(commit it); ``run`` on a machine without that tree unpacks the part first and resumes from it, then removes it
+once the shard's pack is written. A part is resumed only by the same decoding code (``same_code``: no change to
+the package, tasks or configs since the commit its records name; the report and docs may differ) on a machine of
+the same kind (CPU model, family and model numbers, instruction sets, GPU: ``provenance.machine``), so that its
+records and the resumed ones are those of one run; ``--allow-mixed`` resumes anyway (the records then name both
+commits or machines, and the report shows which).
 
 A tree with uncommitted changes records its commit as ``<sha>+dirty`` (``provenance.git_commit``); ``run`` and
 ``check-clean`` refuse such a tree unless ``--allow-dirty`` (``ALLOW_DIRTY=1`` in the Makefile).
@@ -27,13 +36,21 @@ work: docs/reproduce.md, "Shards run so far")."""
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import subprocess
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 RUNS = Path("results/shards")    # each shard's results tree: RUNS/<name>/ (not committed)
 PACKS = Path("results/study")    # each shard's pack: PACKS/<name>.tar.xz (committed)
+PARTS = Path("results/parts")    # a parked shard's records: PARTS/<name>.tar.xz (committed until its pack is)
+# what decides a record's content (git pathspecs); the report and this orchestration only read or order records
+DECODING = ("mars_bench", "tasks", "hydra_plugins", "pyproject.toml", ":(exclude)mars_bench/report",
+            ":(exclude)mars_bench/shards.py")
+ROOT = Path(__file__).resolve().parent.parent
 DRAFT = ("model.draft_quant=q4",)   # the committed study's draft (Makefile STUDY_DRAFT)
 
 
@@ -70,6 +87,10 @@ class DirtyTree(RuntimeError):
     pass
 
 
+class PartMismatch(RuntimeError):
+    """A parked shard whose records another code or another kind of machine decoded."""
+
+
 def check_clean(allow_dirty: bool) -> str:
     """The commit the records will carry; DirtyTree when it is '+dirty' and ``allow_dirty`` is false."""
     from .provenance import git_commit
@@ -86,9 +107,11 @@ def pack_path(name: str, packs: Path = PACKS) -> Path:
 
 
 def run_shard(name: str, shards: dict[str, Shard] | None = None, runs: Path = RUNS, packs: Path = PACKS,
-              extra: tuple[str, ...] = (), cwd: Path | None = None) -> Path:
-    """Run (or resume) one shard's commands in ``runs/<name>``, then write its pack; returns the pack's path.
-    A shard whose pack exists is skipped. A failing command raises CalledProcessError (the runs stay)."""
+              extra: tuple[str, ...] = (), cwd: Path | None = None, parts: Path = PARTS,
+              allow_mixed: bool = False) -> Path:
+    """Run (or resume) one shard's commands in ``runs/<name>`` (from its part when it was parked and the tree is
+    not here: ``restore``), then write its pack and remove the part; returns the pack's path. A shard whose pack
+    exists is skipped. A failing command raises CalledProcessError (the runs stay)."""
     from .report.pack import pack
 
     shards = SHARDS if shards is None else shards
@@ -99,13 +122,117 @@ def run_shard(name: str, shards: dict[str, Shard] | None = None, runs: Path = RU
         print(f"shards: {name}: done ({out} exists)", file=sys.stderr)
         return out
     tree = Path(runs) / name
+    restore(name, runs, parts, allow_mixed)
     for args in shards[name].commands:
         cmd = [sys.executable, "-m", "mars_bench.cli", *args, *extra, f"results_dir={tree}"]
         print(f"shards: {name}: {' '.join(cmd[2:])}", file=sys.stderr)
         subprocess.run(cmd, check=True, cwd=cwd)
     members = pack(tree, out)
     print(f"shards: {name}: packed {len(members)} files to {out}", file=sys.stderr)
+    part = pack_path(name, parts)
+    if part.is_file():
+        part.unlink()
+        print(f"shards: {name}: its part {part} is in the pack now; removed (commit the removal)", file=sys.stderr)
     return out
+
+
+def park(name: str, runs: Path = RUNS, parts: Path = PARTS, packs: Path = PACKS) -> Path:
+    """Pack the stopped shard ``name``'s unfinished tree to ``parts/<name>.tar.xz``, to commit and resume at
+    another sitting (``restore``). Stop the shard first: a sample being written when it is parked is decoded
+    again on resuming."""
+    from .report.pack import pack
+
+    if name not in SHARDS:
+        raise ValueError(f"shard {name!r}; allowed: {', '.join(SHARDS)}")
+    if pack_path(name, packs).is_file():
+        raise ValueError(f"shard {name!r} is done ({pack_path(name, packs)} exists); allowed: a shard not packed yet")
+    tree = Path(runs) / name
+    if not _has_samples(tree):
+        raise ValueError(f"shard {name!r} has no records in {tree}; allowed: a shard that has run here")
+    out = pack_path(name, parts)
+    members = pack(tree, out)
+    print(f"shards: {name}: parked {len(members)} files to {out} (commit it; `run {name}` resumes it)",
+          file=sys.stderr)
+    return out
+
+
+def _has_samples(tree: Path) -> bool:
+    return tree.is_dir() and any(tree.rglob("samples.jsonl"))
+
+
+def part_origin(part: Path) -> tuple[list[str], list[dict]]:
+    """The commits and the machines (distinct, in order of first record) named by the records of a part."""
+    commits, machines = [], []
+    with tarfile.open(part, "r:xz") as tar:
+        for m in tar.getmembers():
+            if m.name.endswith("samples.jsonl"):
+                for line in tar.extractfile(m).read().decode().splitlines():
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:   # a line torn by a kill: resuming cuts it off and decodes it again
+                        continue
+                    if rec.get("commit") not in commits:
+                        commits.append(rec.get("commit"))
+                    if rec.get("machine") not in machines:
+                        machines.append(rec.get("machine"))
+    return commits, machines
+
+
+def same_code(commit: str | None, root: Path = ROOT) -> bool:
+    """Whether the working tree at ``root`` decodes as ``commit`` did: a known commit without uncommitted changes
+    and no difference since in the ``DECODING`` paths."""
+    if not commit or commit == "unknown" or commit.endswith("+dirty"):
+        return False
+    try:
+        diff = subprocess.run(["git", "diff", "--quiet", commit, "--", *DECODING], cwd=root, capture_output=True,
+                              timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return diff.returncode == 0
+
+
+def _kind(m: dict | None) -> tuple:
+    """A machine's kind: what decides its kernels and tokens (CPU model with family and model numbers,
+    instruction sets, GPU); thread counts are the run's own settings."""
+    m = m or {}
+    return m.get("cpu"), tuple(m.get("isa") or ()), m.get("gpu")
+
+
+def restore(name: str, runs: Path = RUNS, parts: Path = PARTS, allow_mixed: bool = False) -> bool:
+    """Unpack shard ``name``'s part into ``runs/<name>`` when there is a part and no records there; False when
+    nothing was restored. PartMismatch (nothing written) when the part's records name a commit whose decoding
+    code differs from this tree's, or another kind of machine, unless ``allow_mixed``."""
+    from .provenance import machine, machine_label
+
+    part, tree = pack_path(name, parts), Path(runs) / name
+    if not part.is_file():
+        return False
+    if _has_samples(tree):
+        print(f"shards: {name}: resuming {tree} (here already; {part} not unpacked)", file=sys.stderr)
+        return False
+    commits, machines = part_origin(part)
+    if not allow_mixed:
+        other = [c for c in commits if not same_code(c)]
+        if other:
+            raise PartMismatch(f"shard {name}'s part {part} holds records decoded at {other[0]}, whose decoding code "
+                               f"is not this tree's (git diff {other[0]} -- {' '.join(DECODING)}); allowed: resume it "
+                               "from a clean clone at that commit (the part copied there), or --allow-mixed (the "
+                               "records then name both)")
+        here = machine("cuda" if any((m or {}).get("gpu") for m in machines) else "cpu")
+        away = [m for m in machines if _kind(m) != _kind(here)]
+        if away:
+            raise PartMismatch(f"shard {name}'s part {part} was decoded on {machine_label(away[0])}, this machine is "
+                               f"{machine_label(here)}; allowed: a machine of that kind, or --allow-mixed (speedups "
+                               "then pair only records of equal machines)")
+    staging = tree.with_name(tree.name + ".restoring")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    with tarfile.open(part, "r:xz") as tar:
+        tar.extractall(staging, filter="data")
+    shutil.rmtree(tree, ignore_errors=True)   # no records in it (checked above)
+    staging.replace(tree)
+    print(f"shards: {name}: resuming from {part} (records of {', '.join(map(str, commits))})", file=sys.stderr)
+    return True
 
 
 def shard_of(path) -> str | None:
@@ -130,8 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("names", nargs="*")
     r.add_argument("--all", action="store_true", help="every shard (those packed already are skipped)")
     r.add_argument("--allow-dirty", action="store_true", help="run from a tree with uncommitted changes")
+    r.add_argument("--allow-mixed", action="store_true",
+                   help="resume a part decoded by other code or another kind of machine")
     r.add_argument("--runs", default=str(RUNS), help=f"results trees (default {RUNS})")
     r.add_argument("--packs", default=str(PACKS), help=f"packs (default {PACKS})")
+    r.add_argument("--parts", default=str(PARTS), help=f"parked shards (default {PARTS})")
+    k = sub.add_parser("park", help="pack a stopped shard's records to resume at another sitting")
+    k.add_argument("name")
+    k.add_argument("--runs", default=str(RUNS), help=f"results trees (default {RUNS})")
+    k.add_argument("--parts", default=str(PARTS), help=f"parked shards (default {PARTS})")
+    k.add_argument("--packs", default=str(PACKS), help=f"packs (default {PACKS})")
     c = sub.add_parser("check-clean", help="exit 2 when the tree has uncommitted changes")
     c.add_argument("--allow-dirty", action="store_true")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -143,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}\t{s.est_min:.0f} min\t{s.what}")
             print(f"total\t{sum(s.est_min for s in SHARDS.values()):.0f} min (2-core Intel Xeon with AMX; module doc)")
             return 0
+        if args.cmd == "park":
+            park(args.name, Path(args.runs), Path(args.parts), Path(args.packs))
+            return 0
         check_clean(args.allow_dirty)
         if args.cmd == "check-clean":
             return 0
@@ -152,8 +290,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"shard {unknown[0] if unknown else 'none'!r}; allowed: --all or one or more of "
                              f"{', '.join(SHARDS)}")
         for name in names:
-            run_shard(name, runs=Path(args.runs), packs=Path(args.packs), extra=extra)
-    except (ValueError, DirtyTree) as e:
+            run_shard(name, runs=Path(args.runs), packs=Path(args.packs), extra=extra, parts=Path(args.parts),
+                      allow_mixed=args.allow_mixed)
+    except (ValueError, DirtyTree, PartMismatch) as e:
         print(f"shards: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -1,11 +1,14 @@
 """`make reproduce-full` in shards (mars_bench/shards.py), on a 2-shard mini study of the tiny pair: one shard
 killed mid-run and resumed ends with exactly the samples (ids, phases, tokens) of an uninterrupted run; each
 shard writes its own pack; the report reads any set of packs and names the shards missing; a dirty tree is
-refused unless allowed."""
+refused unless allowed; a shard parked on one machine resumes on a fresh one only at the same decoding code on the
+same kind of machine."""
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +91,86 @@ def test_interrupted_shards_end_with_the_samples_of_an_uninterrupted_run(tmp_pat
         mod.SHARDS = orig
     assert one["missing_shards"] == ["b"] and "Shards missing: b" in (tmp_path / "rep1" / "report.md").read_text()
     assert both["missing_shards"] == [] and set(both["frames"].runs["task"]) == {"gsm8k", "prompts"}
+
+
+def _rewrite(part: Path, out: Path, **fields) -> Path:
+    """A copy of a part whose records' ``fields`` are replaced (records decoded elsewhere, or by other code)."""
+    with tarfile.open(part, "r:xz") as src, tarfile.open(out, "w:xz") as dst:
+        for m in src.getmembers():
+            data = src.extractfile(m).read()
+            if m.name.endswith("samples.jsonl"):
+                data = "".join(json.dumps({**json.loads(x), **fields}) + "\n"
+                               for x in data.decode().splitlines() if x.strip()).encode()
+            m.size = len(data)
+            dst.addfile(m, io.BytesIO(data))
+    return out
+
+
+def test_a_parked_shard_resumes_on_a_fresh_machine(tmp_path, monkeypatch):
+    monkeypatch.setattr(S, "SHARDS", MINI)
+    whole = S.run_shard("a", MINI, tmp_path / "u" / "runs", tmp_path / "u" / "packs", cwd=ROOT)
+
+    cut, parts = tmp_path / "i", tmp_path / "i" / "parts"
+    done = _kill_mid_run(cut / "runs" / "a")
+    part = S.park("a", cut / "runs", parts)
+    commits, machines = S.part_origin(part)
+    assert part == S.pack_path("a", parts) and len(commits) == 1 and len(machines) == 1
+    assert sum(len(v) for v in _contents(part).values()) == done
+    kept = shutil.copy(part, tmp_path / "kept.tar.xz")
+    shutil.rmtree(cut / "runs")                               # the next sitting: a fresh machine, the part committed
+
+    # a tree with uncommitted changes decodes as no commit did: its records resume only when mixing is allowed
+    mixed = commits[0].endswith("+dirty")
+    assert S.same_code(commits[0]) is not mixed
+    resumed = S.run_shard("a", MINI, cut / "runs", cut / "packs", cwd=ROOT, parts=parts, allow_mixed=mixed)
+    assert _contents(resumed) == _contents(whole)
+    assert not part.exists()                                  # the pack holds it now
+
+    # another commit's records, or another kind of machine's, are refused with one line and nothing written
+    for fields, says in [({"commit": "0" * 40}, "decoded at 0000000000"),
+                         ({"machine": {**machines[0], "cpu": "Other CPU (family 1 model 2)"}}, "decoded on Other CPU")]:
+        if "machine" in fields:      # the code check passed (tested above and in test_same_code_...)
+            monkeypatch.setattr(S, "same_code", lambda commit: True)
+        fresh = tmp_path / "f" / "runs"
+        _rewrite(kept, S.pack_path("a", parts), **fields)
+        with pytest.raises(S.PartMismatch, match=says):
+            S.restore("a", fresh, parts)
+        assert not fresh.exists()
+        assert S.restore("a", fresh, parts, allow_mixed=True) and _contents(S.pack_path("a", parts))
+        assert sum(1 for _ in fresh.rglob("samples.jsonl")) == len(_contents(kept))
+        shutil.rmtree(tmp_path / "f")
+
+
+def test_same_code_ignores_reports_and_docs_only(tmp_path, monkeypatch):
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("config", "user.email", "t@t"), git("config", "user.name", "t")
+    for f in ("mars_bench/decode/engine.py", "mars_bench/report/tables.py", "mars_bench/shards.py", "docs/x.md"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("a\n")
+    git("add", "-A"), git("commit", "-qm", "one")
+    first = git("rev-parse", "HEAD")
+    for f in ("mars_bench/report/tables.py", "mars_bench/shards.py", "docs/x.md"):
+        (tmp_path / f).write_text("b\n")
+    git("commit", "-qam", "two")
+    assert S.same_code(first, tmp_path)
+    (tmp_path / "mars_bench/decode/engine.py").write_text("b\n")      # uncommitted, in the decoding code
+    assert not S.same_code(first, tmp_path)
+    git("commit", "-qam", "three")
+    assert not S.same_code(first, tmp_path) and S.same_code(git("rev-parse", "HEAD"), tmp_path)
+    assert not any(S.same_code(c, tmp_path) for c in (None, "unknown", first + "+dirty", "f" * 40))
+
+
+def test_park_refuses_what_it_cannot_park(tmp_path, capsys):
+    where = ["--runs", str(tmp_path / "runs"), "--packs", str(tmp_path / "packs"), "--parts", str(tmp_path / "parts")]
+    assert S.main(["park", "nope", *where]) == 2 and "shard 'nope'" in capsys.readouterr().err
+    assert S.main(["park", "gsm8k", *where]) == 2 and "no records" in capsys.readouterr().err
+    (tmp_path / "packs").mkdir()
+    (tmp_path / "packs" / "gsm8k.tar.xz").write_bytes(b"")
+    assert S.main(["park", "gsm8k", *where]) == 2 and "is done" in capsys.readouterr().err
+    assert not (tmp_path / "parts").exists()
 
 
 def test_missing_is_none_outside_a_sharded_study():
