@@ -178,14 +178,14 @@ def part_origin(part: Path) -> tuple[list[str], list[dict]]:
     return commits, machines
 
 
-def same_code(commit: str | None, root: Path = ROOT) -> bool:
-    """Whether the working tree at ``root`` decodes as ``commit`` did: a known commit without uncommitted changes
-    and no difference since in the ``DECODING`` paths."""
-    if not commit or commit == "unknown" or commit.endswith("+dirty"):
+def same_code(commit: str | None, root: Path = ROOT, against: str | None = None) -> bool:
+    """Whether the working tree at ``root`` (or commit ``against``) decodes as ``commit`` did: known commits
+    without uncommitted changes and no difference between them in the ``DECODING`` paths."""
+    if any(not c or c == "unknown" or c.endswith("+dirty") for c in (commit, *([against] if against else []))):
         return False
     try:
-        diff = subprocess.run(["git", "diff", "--quiet", commit, "--", *DECODING], cwd=root, capture_output=True,
-                              timeout=30)
+        diff = subprocess.run(["git", "diff", "--quiet", commit, *([against] if against else []), "--", *DECODING],
+                              cwd=root, capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return False
     return diff.returncode == 0

@@ -38,7 +38,7 @@ def test_a_run_at_one_commit_names_it_once(tmp_path, monkeypatch):
 
 
 
-def test_a_study_resumed_at_other_code_is_flagged(tmp_path):
+def test_a_study_resumed_at_other_code_is_flagged(tmp_path, monkeypatch):
     """A study whose mars quality run holds records of two commits (as a resumed one writes them, above): its row
     is flagged and the footnote names both."""
     import json
@@ -64,3 +64,19 @@ def test_a_study_resumed_at_other_code_is_flagged(tmp_path):
     mars = next(r for r in table.rows if r["method"].startswith("mars"))
     note = f"records written at 2 commits ({', '.join(sorted({recs[0]['commit'], NEW}))})"
     assert mars["notes"].startswith("⚠") and any(f.startswith(note) for f in table.footnotes), table.footnotes
+
+    # commits whose decoding code git finds equal (a shard parked, then resumed after a commit to docs): one run's
+    # decoding, named without the flag
+    import mars_bench.shards as S
+
+    for r in recs[2:]:
+        r["commit"] = "c" * 40
+    samples.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    written = {r["commit"] for r in recs}
+    monkeypatch.setattr(S, "same_code", lambda commit, root=None, against=None: {commit, against} <= written)
+    table = study_table(load_frames(tmp_path).runs)
+    mars = next(r for r in table.rows if r["method"].startswith("mars"))
+    assert mars["notes"].startswith("⚠") == recs[0]["commit"].endswith("+dirty")   # a dirty tree is still flagged
+    note = f"records written at 2 commits ({', '.join(sorted(written))}) of the same decoding code"
+    assert any(f.startswith(note) for f in table.footnotes), table.footnotes
+    assert not any("resumed at other code" in f for f in table.footnotes), table.footnotes

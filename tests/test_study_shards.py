@@ -155,11 +155,14 @@ def test_same_code_ignores_reports_and_docs_only(tmp_path, monkeypatch):
     for f in ("mars_bench/report/tables.py", "mars_bench/shards.py", "docs/x.md"):
         (tmp_path / f).write_text("b\n")
     git("commit", "-qam", "two")
-    assert S.same_code(first, tmp_path)
+    second = git("rev-parse", "HEAD")
+    assert S.same_code(first, tmp_path) and S.same_code(first, tmp_path, against=second)
     (tmp_path / "mars_bench/decode/engine.py").write_text("b\n")      # uncommitted, in the decoding code
     assert not S.same_code(first, tmp_path)
     git("commit", "-qam", "three")
-    assert not S.same_code(first, tmp_path) and S.same_code(git("rev-parse", "HEAD"), tmp_path)
+    third = git("rev-parse", "HEAD")
+    assert not S.same_code(first, tmp_path) and S.same_code(third, tmp_path)
+    assert not S.same_code(second, tmp_path, against=third) and not S.same_code(first, tmp_path, against="unknown")
     assert not any(S.same_code(c, tmp_path) for c in (None, "unknown", first + "+dirty", "f" * 40))
 
 

@@ -114,12 +114,24 @@ def timed_budget_note(timed) -> str | None:
             f"in it or in ar: its speedup includes them, the column 'speedup without budget hits' leaves them out")
 
 
+def one_decoding(commit: str | None) -> bool:
+    """Whether the comma-separated commits of a run (``frames.record_commits``) all decode alike, as git in this
+    checkout tells (``shards.same_code``); False where it cannot tell (a commit it lacks, a dirty tree)."""
+    from ..shards import same_code
+
+    commits = (commit or "").split(", ")
+    return len(commits) > 1 and all(same_code(c, against=commits[0]) for c in commits[1:])
+
+
 def commit_note(commit: str | None) -> str:
     """The footnote naming the code a run's records were decoded at (``frames.record_commits``: one commit, or
     several, comma-separated, when the run was resumed at other code)."""
     if not commit:
         return "records without a recorded commit"
     if ", " in commit:
+        if one_decoding(commit):
+            return (f"records written at {len(commit.split(', '))} commits ({commit}) of the same decoding code (no "
+                    "change between them in shards.DECODING's paths): one run's decoding, resumed after a commit")
         return (f"records written at {len(commit.split(', '))} commits ({commit}): the run was resumed at other code, "
                 f"so its samples are not one commit's decoding")
     if commit.endswith("+dirty"):
@@ -144,7 +156,8 @@ def study_notes(table: Table, timed, q, ar_q) -> str:
     timed_cut = timed_budget_note(timed)
     warn += [timed_cut] if timed_cut else []
     commits = sorted({c for r in (q, timed) if r is not None for c in [val(r, "commit")]}, key=str)
-    flagged = [c for c in commits if c and ("+dirty" in c or ", " in c)]   # a dirty tree, or several commits
+    flagged = [c for c in commits if c and ("+dirty" in c or (", " in c and not one_decoding(c)))]   # a dirty tree,
+    # or commits whose decoding code differs (or cannot be compared here)
     warn += [commit_note(c) for c in flagged]
     items += [commit_note(c) for c in commits if c not in flagged]
     marks = [table.footnote(text) for text in warn + items]
