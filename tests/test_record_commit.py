@@ -6,7 +6,7 @@ from mars_bench import runner as R
 from mars_bench.report import load_frames
 from mars_bench.report.docs import provenance
 from mars_bench.report.frames import record_commits
-from mars_bench.report.study import commit_note
+from mars_bench.report.study import commit_note, flags_commit
 from mars_bench.storage import read_samples
 
 from .test_cli import tiny_cfg
@@ -75,8 +75,10 @@ def test_a_study_resumed_at_other_code_is_flagged(tmp_path, monkeypatch):
     written = {r["commit"] for r in recs}
     monkeypatch.setattr(S, "same_code", lambda commit, root=None, against=None: {commit, against} <= written)
     table = study_table(load_frames(tmp_path).runs)
-    mars = next(r for r in table.rows if r["method"].startswith("mars"))
-    assert mars["notes"].startswith("⚠") == recs[0]["commit"].endswith("+dirty")   # a dirty tree is still flagged
-    note = f"records written at 2 commits ({', '.join(sorted(written))}) of the same decoding code"
+    both = ", ".join(sorted(written))
+    assert both in set(load_frames(tmp_path).runs["commit"])
+    assert flags_commit(both) == recs[0]["commit"].endswith("+dirty")   # a dirty tree is still flagged
+    assert flags_commit(f"{OLD}, {NEW}") and flags_commit(NEW) and not flags_commit(OLD)
+    note = f"records written at 2 commits ({both}) of the same decoding code"
     assert any(f.startswith(note) for f in table.footnotes), table.footnotes
     assert not any("resumed at other code" in f for f in table.footnotes), table.footnotes

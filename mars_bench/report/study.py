@@ -123,6 +123,12 @@ def one_decoding(commit: str | None) -> bool:
     return len(commits) > 1 and all(same_code(c, against=commits[0]) for c in commits[1:])
 
 
+def flags_commit(commit: str | None) -> bool:
+    """Whether a run's commits earn ⚠: a dirty tree, or commits whose decoding code differs (or cannot be
+    compared here)."""
+    return bool(commit) and ("+dirty" in commit or (", " in commit and not one_decoding(commit)))
+
+
 def commit_note(commit: str | None) -> str:
     """The footnote naming the code a run's records were decoded at (``frames.record_commits``: one commit, or
     several, comma-separated, when the run was resumed at other code)."""
@@ -156,8 +162,7 @@ def study_notes(table: Table, timed, q, ar_q) -> str:
     timed_cut = timed_budget_note(timed)
     warn += [timed_cut] if timed_cut else []
     commits = sorted({c for r in (q, timed) if r is not None for c in [val(r, "commit")]}, key=str)
-    flagged = [c for c in commits if c and ("+dirty" in c or (", " in c and not one_decoding(c)))]   # a dirty tree,
-    # or commits whose decoding code differs (or cannot be compared here)
+    flagged = [c for c in commits if flags_commit(c)]
     warn += [commit_note(c) for c in flagged]
     items += [commit_note(c) for c in commits if c not in flagged]
     marks = [table.footnote(text) for text in warn + items]
