@@ -21,8 +21,8 @@ CI_DEFINITION = ("v [lo, hi] = value and its 95% CI (bootstrap over samples; spe
                  "5% level; truncated = share of samples stopped at max_new_tokens")
 SPEED_DEFS = f"{M.TAU_DEFINITION}. {M.SPEEDUP_DEFINITION}."
 NO_BUDGET_DEFINITION = ("speedup without budget hits = the same speedup over the samples where neither the method's "
-                        "nor ar's output hit max_new_tokens in any turn (runaway samples repeat text that drafts "
-                        "easily and inflate the headline)")
+                        "nor ar's output hit max_new_tokens in any turn (runaway samples often repeat text that "
+                        "drafts easily; leaving them out shows how far they move the headline, either way)")
 
 BASE = {"model_dir": "model", "task_dir": "task", "settings_label": "settings", "method": "method", "k": "k",
         "theta": "theta", "label": "label"}

@@ -128,7 +128,8 @@ def _budget_columns(run: RunFiles, s: dict, ar: RunFiles | None) -> dict:
     out = {"commit": record_commits(run.records) or ((s.get("manifest") or {}).get("git_commit")) or None,
            "n_budget": sum(W.hit_budget_last(rec) for rec in run.records) if run.records else None}
     if run.spec.scheme == "ar" and run.records:
-        out.update(speedup_no_budget=1.0, n_no_budget=sum(not W.hit_budget(r) for r in run.records))
+        kept = sum(not W.hit_budget(r) for r in run.records)   # ar's pairs with itself: a hit drops the pair
+        out.update(speedup_no_budget=1.0, n_no_budget=kept, n_budget_dropped=len(run.records) - kept)
     elif ar is not None and ar.records and run.records:
         est = W.budget_free_speedup(run.records, ar.records, stats_settings(s.get("stats")))
         out.update(speedup_no_budget=est["value"], speedup_no_budget_lo=est["lo"], speedup_no_budget_hi=est["hi"],
