@@ -36,11 +36,9 @@ its batched quality phase 3.0x the estimate; mt_bench 101 min there, its quality
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,19 +160,24 @@ def _has_samples(tree: Path) -> bool:
 
 def part_origin(part: Path) -> tuple[list[str], list[dict]]:
     """The commits and the machines (distinct, in order of first record) named by the records of a part."""
+    from .report.pack import unpacked
+
+    with unpacked(part) as root:
+        return _origin(root)
+
+
+def _origin(root: Path) -> tuple[list[str], list[dict]]:
+    """The commits and machines the records under ``root`` name (a line torn by a kill is skipped: resuming cuts
+    it off and decodes that sample again)."""
+    from .storage import read_samples
+
     commits, machines = [], []
-    with tarfile.open(part, "r:xz") as tar:
-        for m in tar.getmembers():
-            if m.name.endswith("samples.jsonl"):
-                for line in tar.extractfile(m).read().decode().splitlines():
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError:   # a line torn by a kill: resuming cuts it off and decodes it again
-                        continue
-                    if rec.get("commit") not in commits:
-                        commits.append(rec.get("commit"))
-                    if rec.get("machine") not in machines:
-                        machines.append(rec.get("machine"))
+    for path in sorted(Path(root).rglob("samples.jsonl")):
+        for rec in read_samples(path)[0]:
+            if rec.get("commit") not in commits:
+                commits.append(rec.get("commit"))
+            if rec.get("machine") not in machines:
+                machines.append(rec.get("machine"))
     return commits, machines
 
 
@@ -198,37 +201,44 @@ def _kind(m: dict | None) -> tuple:
     return m.get("cpu"), tuple(m.get("isa") or ()), m.get("gpu")
 
 
+def _check_origin(name: str, part: Path, commits: list, machines: list) -> None:
+    """PartMismatch when a part's records name a commit whose decoding code is not this tree's, or a machine of
+    another kind than this one."""
+    from .provenance import machine, machine_label
+
+    other = [c for c in commits if not same_code(c)]
+    if other:
+        raise PartMismatch(f"shard {name}'s part {part} holds records decoded at {other[0]}, whose decoding code "
+                           f"is not this tree's (git diff {other[0]} -- {' '.join(DECODING)}); allowed: resume it "
+                           "from a clean clone at that commit (the part copied there), or --allow-mixed (the "
+                           "records then name both)")
+    here = machine("cuda" if any((m or {}).get("gpu") for m in machines) else "cpu")
+    away = [m for m in machines if _kind(m) != _kind(here)]
+    if away:
+        raise PartMismatch(f"shard {name}'s part {part} was decoded on {machine_label(away[0])}, this machine is "
+                           f"{machine_label(here)}; allowed: a machine of that kind, or --allow-mixed (speedups "
+                           "then pair only records of equal machines)")
+
+
 def restore(name: str, runs: Path = RUNS, parts: Path = PARTS, allow_mixed: bool = False) -> bool:
     """Unpack shard ``name``'s part into ``runs/<name>`` when there is a part and no records there; False when
     nothing was restored. PartMismatch (nothing written) when the part's records name a commit whose decoding
     code differs from this tree's, or another kind of machine, unless ``allow_mixed``."""
-    from .provenance import machine, machine_label
-
     part, tree = pack_path(name, parts), Path(runs) / name
     if not part.is_file():
         return False
     if _has_samples(tree):
         print(f"shards: {name}: resuming {tree} (here already; {part} not unpacked)", file=sys.stderr)
         return False
-    commits, machines = part_origin(part)
-    if not allow_mixed:
-        other = [c for c in commits if not same_code(c)]
-        if other:
-            raise PartMismatch(f"shard {name}'s part {part} holds records decoded at {other[0]}, whose decoding code "
-                               f"is not this tree's (git diff {other[0]} -- {' '.join(DECODING)}); allowed: resume it "
-                               "from a clean clone at that commit (the part copied there), or --allow-mixed (the "
-                               "records then name both)")
-        here = machine("cuda" if any((m or {}).get("gpu") for m in machines) else "cpu")
-        away = [m for m in machines if _kind(m) != _kind(here)]
-        if away:
-            raise PartMismatch(f"shard {name}'s part {part} was decoded on {machine_label(away[0])}, this machine is "
-                               f"{machine_label(here)}; allowed: a machine of that kind, or --allow-mixed (speedups "
-                               "then pair only records of equal machines)")
-    staging = tree.with_name(tree.name + ".restoring")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    with tarfile.open(part, "r:xz") as tar:
-        tar.extractall(staging, filter="data")
+    from .report.pack import unpacked
+
+    with unpacked(part) as root:
+        commits, machines = _origin(root)
+        if not allow_mixed:
+            _check_origin(name, part, commits, machines)
+        staging = tree.with_name(tree.name + ".restoring")   # the tree is written whole or not at all
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(root, staging)
     shutil.rmtree(tree, ignore_errors=True)   # no records in it (checked above)
     staging.replace(tree)
     print(f"shards: {name}: resuming from {part} (records of {', '.join(map(str, commits))})", file=sys.stderr)
