@@ -182,8 +182,9 @@ def hit_budget_last(rec) -> bool:
 
 def budget_free_speedup(recs: list, ar_recs: list, settings: S.StatsSettings | None = None) -> dict:
     """The speedup over ar (ours, paired bootstrap CI) on the speed pairs where neither the method's sample nor
-    ar's hit the token budget in any turn: the headline without runaway samples, whose repeated text drafts
-    easily and inflates it. ``n_dropped``: the pairs left out."""
+    ar's hit the token budget in any turn: the headline without runaway samples, which move it either way
+    (their repeated text drafts easily, and a long runaway weighs its own rate heavily in the pooled sums).
+    ``n_dropped``: the pairs left out."""
     settings = settings or S.StatsSettings()
     pairs = M.speed_pairs(R.as_records(recs), R.as_records(ar_recs))
     keep = [(r, b) for r, b in pairs if not hit_budget(r) and not hit_budget(b)]
