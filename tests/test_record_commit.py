@@ -63,7 +63,9 @@ def test_a_study_resumed_at_other_code_is_flagged(tmp_path, monkeypatch):
     table = study_table(load_frames(tmp_path).runs)
     mars = next(r for r in table.rows if r["method"].startswith("mars"))
     note = f"records written at 2 commits ({', '.join(sorted({recs[0]['commit'], NEW}))})"
-    assert mars["notes"].startswith("⚠") and any(f.startswith(note) for f in table.footnotes), table.footnotes
+    # the quality run's note names its phase (the row's timed run is at one commit)
+    assert mars["notes"].startswith("⚠") and any(f.startswith(f"quality phase: {note}") for f in table.footnotes), \
+        table.footnotes
 
     # commits whose decoding code git finds equal (a shard parked, then resumed after a commit to docs): one run's
     # decoding, named without the flag
@@ -80,5 +82,26 @@ def test_a_study_resumed_at_other_code_is_flagged(tmp_path, monkeypatch):
     assert flags_commit(both) == recs[0]["commit"].endswith("+dirty")   # a dirty tree is still flagged
     assert flags_commit(f"{OLD}, {NEW}") and flags_commit(NEW) and not flags_commit(OLD)
     note = f"records written at 2 commits ({both}) of the same decoding code"
-    assert any(f.startswith(note) for f in table.footnotes), table.footnotes
-    assert not any("resumed at other code" in f for f in table.footnotes), table.footnotes
+    assert any(f.startswith(f"quality phase: {note}") for f in table.footnotes), table.footnotes
+    assert not any("resumed at other code" in f or "different code" in f for f in table.footnotes), table.footnotes
+
+
+def test_a_row_whose_phases_are_at_different_commits_names_each_phase(monkeypatch):
+    """A study row joins its quality run and its timed run: at one commit they share one note; at different commits
+    each phase's is named, and the row is flagged unless git finds their decoding code equal (humaneval's pack:
+    quality at 89e9ad7, resumed and timed at 86fd16f)."""
+    import mars_bench.shards as S
+    from mars_bench.report.study import phase_commit_notes
+
+    a, c = "a" * 40, "c" * 40
+    assert phase_commit_notes({"quality": a, "timed": a}) == ([], [commit_note(a)])
+    assert phase_commit_notes({"quality": None, "timed": a}) == ([], [commit_note(a)])
+    monkeypatch.setattr(S, "same_code", lambda commit, root=None, against=None: False)
+    warn, items = phase_commit_notes({"quality": a, "timed": c})
+    assert items == [f"quality phase: {commit_note(a)}", f"timed phase: {commit_note(c)}"]
+    assert len(warn) == 1 and warn[0].startswith(f"its phases were decoded at different code ({a}; {c})")
+    monkeypatch.setattr(S, "same_code", lambda commit, root=None, against=None: True)
+    assert phase_commit_notes({"quality": a, "timed": c}) == ([], items)
+    # a dirty phase is flagged as such, once, whatever git says of the others
+    warn, items = phase_commit_notes({"quality": NEW, "timed": c})
+    assert warn == [f"quality phase: {commit_note(NEW)}"] and items == [f"timed phase: {commit_note(c)}"]

@@ -217,3 +217,49 @@ def test_paper_layout_shows_missing_tasks_as_missing(committed):
                 assert row[f"{task}/speedup"] == pytest.approx(speed[(task, row["label"])])
         complete = all(t in present for t, _ in PAPER_TASKS)
         assert (row["mean/speedup"] is not None) == complete
+
+
+def test_faster_than_sd_is_the_paired_ratio_recomputed_from_records(committed):
+    """Each lossy method's 'faster than sd' claim reads its speed over sd on the same timed samples (the methods ran
+    interleaved): sum tokens / sum wall of one over the other's, recomputed here from the records; the verdict is
+    what its interval says."""
+    from mars_bench.report.claims import claims_table
+
+    frames, table, raw = committed
+    runs = frames.runs
+    claims = {(c["task"], c["claim"].split(": faster than ")[0]): c for c in claims_table(runs).rows
+              if ": faster than " in c["claim"] and not c["claim"].endswith("faster than ar")}
+    checked = 0
+    for _, t in runs[(runs["phase"] == "timed") & runs["relaxed"]].iterrows():
+        ref = runs[runs["run"] == t["reference"]]
+        assert len(ref) == 1, t["run"]   # every lossy timed run of a study has its sd beside it
+        mine = {r["id"]: r for r in _by_tag(raw, t["task_dir"], t["tag"])["records"]}
+        sd = {r["id"]: r for r in _by_tag(raw, t["task_dir"], ref.iloc[0]["tag"])["records"]}
+        both = sorted(mine.keys() & sd.keys())
+        tps = lambda rs: sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)  # noqa: E731
+        value = tps([mine[i] for i in both]) / tps([sd[i] for i in both])
+        assert t["speedup_vs_sd"] == pytest.approx(value, rel=1e-9) and t["n_vs_sd"] == len(both)
+        c = claims[(t["task_dir"], t["label"])]
+        assert c["n"] == str(len(both)) and f"{value:.2f} [" in c["evidence"]
+        lo, hi = t["speedup_vs_sd_lo"], t["speedup_vs_sd_hi"]
+        assert c["verdict"] == ("resolved" if lo > 1 else "refuted" if hi < 1 else "not resolved")
+        checked += 1
+    assert checked == len(claims) >= 1
+
+
+def test_a_row_whose_phases_name_different_commits_names_each_phase(committed):
+    frames, table, raw = committed
+    runs = frames.runs
+    for row in table.rows:
+        tag, _ = _timed(frames, row)
+        timed = {r["commit"] for r in _by_tag(raw, row["task"], tag)["records"] if r.get("commit")}
+        quality = runs[(runs["phase"] == "quality") & (runs["task_dir"] == row["task"])
+                       & (runs["label"] == row["label"])]
+        if not len(quality) or not timed:
+            continue
+        q = {r["commit"] for r in _by_tag(raw, row["task"], quality.iloc[0]["tag"])["records"] if r.get("commit")}
+        notes = " | ".join(_notes(table, row))
+        if q != timed:
+            assert "quality phase: records written at" in notes and "timed phase: records written at" in notes, notes
+        else:
+            assert "phase: records written at" not in notes, notes

@@ -7,7 +7,9 @@ n, tokens/s, tau, speedup, quality and its paired delta vs ar; 120 columns unles
 every table (``.md``, ``.csv``, ``.tex``) and figure (``.png``, ``.pdf``) to ``<first ROOT>/report/`` (or ``--out``), with ``report.md`` linking them all.
 A ROOT may be a packed results tree (``.tar.xz``, ``pack.py``); ``--pack`` writes the first ROOT's run files
 into one (how the study's records are committed); ``--results-md`` rewrites the section of a markdown file
-generated from the first ROOT, a pack (``docs.py``: how ``docs/results.md``'s study table is regenerated). Problems found while reading (corrupt or truncated sample lines) go to stderr and are marked in the tables.
+generated from each ROOT, a pack, and with several the section over all of them (``docs.py``: how
+``docs/results.md``'s generated tables are regenerated).
+Problems found while reading (corrupt or truncated sample lines) go to stderr and are marked in the tables.
 Every number with uncertainty is shown as ``value [lo, hi]`` (95% CI), quality deltas with their p-value,
 n and MDE, and runs with more than 5% of samples cut at max_new_tokens are flagged (``mars_bench.stats``).
 
@@ -111,15 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pack", default=None, metavar="FILE.tar.xz",
                     help="also pack the first ROOT's run files (run.json, samples, summary, config) into this file")
     ap.add_argument("--results-md", default=None, metavar="FILE.md",
-                    help="also rewrite FILE.md's section generated from the first ROOT, a .tar.xz pack, between its "
-                         "marker comments (how docs/results.md's study table is regenerated)")
+                    help="also rewrite FILE.md's section generated from each ROOT, a .tar.xz pack, between its "
+                         "marker comments, and with several packs the section over all of them (the paper's "
+                         "layout and the claims; how docs/results.md's generated tables are regenerated)")
     args = ap.parse_args(argv)
     try:
         res = write_report(args.roots, args.out, args.theta, figures=not args.no_figures)
         if args.results_md:
-            write_results_md(args.results_md, args.roots[0])
-            print(f"mars-bench-report: rewrote the section generated from {args.roots[0]} in {args.results_md}",
-                  file=sys.stderr)
+            write_results_md(args.results_md, args.roots)
+            every = " and the section over all of them" if len(args.roots) > 1 else ""
+            print(f"mars-bench-report: rewrote the section generated from {', '.join(map(str, args.roots))}{every} "
+                  f"in {args.results_md}", file=sys.stderr)
         if args.pack:
             print(f"mars-bench-report: packed {len(pack(args.roots[0], args.pack))} files to {args.pack}",
                   file=sys.stderr)

@@ -8,7 +8,9 @@
                      reference, matched by spec), sd_tag, metrics (the task's, in declared order), title,
                      dirs, problems (unreadable lines), notes (what was merged or restated), phase (a study's),
                      commit (the manifest's; '+dirty' kept), n_budget, speedup_no_budget [lo, hi], n_no_budget,
-                     n_budget_dropped (runaway samples and the speedup without them: ``_budget_columns``)
+                     n_budget_dropped (runaway samples and the speedup without them: ``_budget_columns``),
+                     speedup_vs_sd [lo, hi], n_vs_sd (a lossy run's speed over its lossless reference, paired:
+                     ``_sd_speed_columns``)
     frames.samples   one row per sample and run (``columns.sample_row``), with run (the key) and the
                      output's fidelity to ar's (identical_to_ar, first_divergence, chrf_to_ar)
 
@@ -28,13 +30,16 @@ import pandas as pd
 from ..decode.rules import RULES
 from .columns import run_row, sample_row, val
 from .read import RunFiles, find_runs
+from .. import metrics as M
+from .. import records as R
+from .. import stats as S
 from .. import summary as W
 from .restate import current_summary, stats_settings
 
 DEFAULT_THETA = RULES["mars"].knob_map["theta"].default   # the paper's default, registered once
 INTEGERS = ("k", "batch_size", "max_new_tokens", "seed", "task_version", "n", "new_tokens", "steps", "idx_authors",
             "n_proposed", "n_accepted", "n_exact", "n_relaxed", "n_common", "n_compared", "quality_n", "n_budget",
-            "n_no_budget", "n_budget_dropped")
+            "n_no_budget", "n_budget_dropped", "n_vs_sd")
 KEYS = ("run", "model_dir", "task_dir", "model", "task", "task_version", "tag", "group", "spec", "method", "scheme",
         "rule", "k", "theta", "sweep_knob", "sweep_value", "temperature", "top_p", "max_new_tokens", "seed", "flags",
         "family", "label", "settings_label", "title", "relaxed", "lossless", "n", "truncated", "n_compared",
@@ -69,7 +74,7 @@ def load_frames(roots: str | Path | Iterable[str | Path]) -> Frames:
         ar = _match(found, run, run.spec.baseline()) if run.spec.scheme != "ar" else None
         ref = _match(found, run, run.spec.lossless_reference())
         s = current_summary(run, ar, ref)
-        rows.append({**_row(run, s, ar, ref), **_budget_columns(run, s, ar)})
+        rows.append({**_row(run, s, ar, ref), **_budget_columns(run, s, ar), **_sd_speed_columns(run, s, ref)})
         per = ((s.get("fidelity") or {}).get("per_sample")) or {}
         samples += [{"run": run.key, **sample_row(rec), **_fidelity(per.get(rec["id"]))} for rec in run.records]
     _baseline_formats(rows)
@@ -135,6 +140,23 @@ def _budget_columns(run: RunFiles, s: dict, ar: RunFiles | None) -> dict:
         out.update(speedup_no_budget=est["value"], speedup_no_budget_lo=est["lo"], speedup_no_budget_hi=est["hi"],
                    n_no_budget=est["n"], n_budget_dropped=est["n_dropped"])
     return out
+
+
+def _sd_speed_columns(run: RunFiles, s: dict, ref: RunFiles | None) -> dict:
+    """A lossy run's speed over its lossless reference (sd for mars: the same drafting, exact verification), paired
+    on the samples both decoded on one machine (``metrics.speed_pairs``): speedup_vs_sd [lo, hi] (``stats.speedup_ci``,
+    the reference in ar's place) and n_vs_sd. The paper's claim that MARS is faster than sd is read from it, not
+    from two speedups over ar whose intervals overlap."""
+    if ref is None or not ref.records or not run.records:
+        return {}
+    pairs = M.speed_pairs(R.as_records(run.records), R.as_records(ref.records))
+    if not pairs:
+        return {}
+    col = lambda i, k: [getattr(p[i], k) for p in pairs]  # noqa: E731
+    est = S.speedup_ci(col(0, "new_tokens"), col(0, "wall_s"), col(1, "new_tokens"), col(1, "wall_s"),
+                       stats_settings(s.get("stats")))
+    return {"speedup_vs_sd": est["value"], "speedup_vs_sd_lo": est["lo"], "speedup_vs_sd_hi": est["hi"],
+            "n_vs_sd": est["n"]}
 
 
 def _phase(records: list) -> str | None:
@@ -239,8 +261,9 @@ def is_twin(timed, quality) -> bool:
     return quality is not None and replace(quality["spec"], batch_size=1) == timed["spec"]
 
 
-SPEED_COLUMNS = tuple(f"{k}{x}" for k in ("tokens_per_s", "speedup", "speedup_authors", "speedup_no_budget")
-                      for x in ("", "_lo", "_hi")) + ("n_no_budget", "n_budget_dropped", "settings_label")
+SPEED_COLUMNS = tuple(f"{k}{x}" for k in ("tokens_per_s", "speedup", "speedup_authors", "speedup_no_budget",
+                                          "speedup_vs_sd") for x in ("", "_lo", "_hi")) + (
+    "n_no_budget", "n_budget_dropped", "n_vs_sd", "settings_label")
 
 
 def study_groups(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:

@@ -10,7 +10,8 @@ value comes from.
 Notes (footnotes) per row: the quality run's share of samples cut at max_new_tokens (k of n, beside ar's quality
 run, flagged above TRUNCATION_LIMIT), the timed run's runaway samples (their effect on the speedup), problems
 and restated numbers of either run, and the commit the records were written at ('+dirty': uncommitted changes
-in the tree, never shown as the clean commit; a run resumed at other code names each commit, flagged).
+in the tree, never shown as the clean commit; a run resumed at other code names each commit, flagged; a row whose
+two phases were written at different commits names each phase's, flagged unless they decode alike).
 """
 from __future__ import annotations
 
@@ -146,6 +147,24 @@ def commit_note(commit: str | None) -> str:
     return f"records written at commit {commit}"
 
 
+def phase_commit_notes(by_phase: dict) -> tuple[list[str], list[str]]:
+    """The commit footnotes of a study row (flagged ones first, then the rest) from its phases' commits
+    (``{"quality": ..., "timed": ...}``, None for a phase the row lacks). Phases at one commit share one note; phases
+    at different commits are named each, and flagged unless all their commits decode alike (``one_decoding``)."""
+    present = {ph: c for ph, c in by_phase.items() if c is not None}
+    if len(set(present.values())) <= 1:
+        commits = set(present.values())
+        return [commit_note(c) for c in commits if flags_commit(c)], [commit_note(c) for c in commits
+                                                                        if not flags_commit(c)]
+    warn = [f"{ph} phase: {commit_note(c)}" for ph, c in present.items() if flags_commit(c)]
+    items = [f"{ph} phase: {commit_note(c)}" for ph, c in present.items() if not flags_commit(c)]
+    union = ", ".join(sorted({x for c in present.values() for x in c.split(", ")}))
+    if not warn and flags_commit(union):
+        warn.append(f"its phases were decoded at different code ({'; '.join(present.values())}): the row joins "
+                    "quality and speed of different decoding")
+    return warn, items
+
+
 def study_notes(table: Table, timed, q, ar_q) -> str:
     """Footnote markers of a study row (see the module doc); ⚠ for problems, budget flags and a dirty tree."""
     warn, items = [], []
@@ -161,9 +180,8 @@ def study_notes(table: Table, timed, q, ar_q) -> str:
     warn += [quality_cut] if quality_cut else []
     timed_cut = timed_budget_note(timed)
     warn += [timed_cut] if timed_cut else []
-    commits = sorted({c for r in (q, timed) if r is not None for c in [val(r, "commit")]}, key=str)
-    flagged = [c for c in commits if flags_commit(c)]
-    warn += [commit_note(c) for c in flagged]
-    items += [commit_note(c) for c in commits if c not in flagged]
+    warn_c, items_c = phase_commit_notes({"quality": val(q, "commit") if q is not None else None,
+                                          "timed": val(timed, "commit") if timed is not None else None})
+    warn, items = warn + warn_c, items + items_c
     marks = [table.footnote(text) for text in warn + items]
     return ("⚠ " if warn else "") + ",".join(f"[{m}]" for m in marks)
