@@ -113,7 +113,7 @@ def combined_section(packs: list, command: str) -> str:
         frames = load_frames(roots)
     prov = {k: set().union(*(p[k] for p in provs)) for k in provs[0]}
     absent = missing(packs)
-    gap = f" (shards missing: {', '.join(absent)}; their columns read '–')" if absent else ""
+    gap = f" (shards missing: {', '.join(absent)}; their numbers are absent, not estimated)" if absent else ""
     return "\n\n".join([stamp(list(packs), prov, command, gap), paper_table(frames.runs).to_markdown(),
                          claims_table(frames.runs).to_markdown()])
 
