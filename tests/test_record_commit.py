@@ -95,7 +95,8 @@ def test_a_row_whose_phases_are_at_different_commits_names_each_phase(monkeypatc
 
     a, c = "a" * 40, "c" * 40
     assert phase_commit_notes({"quality": a, "timed": a}) == ([], [commit_note(a)])
-    assert phase_commit_notes({"quality": None, "timed": a}) == ([], [commit_note(a)])
+    assert phase_commit_notes({"timed": a}) == ([], [commit_note(a)])
+    assert phase_commit_notes({"quality": None, "timed": None}) == ([], [commit_note(None)])   # older records
     monkeypatch.setattr(S, "same_code", lambda commit, root=None, against=None: False)
     warn, items = phase_commit_notes({"quality": a, "timed": c})
     assert items == [f"quality phase: {commit_note(a)}", f"timed phase: {commit_note(c)}"]

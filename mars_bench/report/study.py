@@ -149,19 +149,19 @@ def commit_note(commit: str | None) -> str:
 
 def phase_commit_notes(by_phase: dict) -> tuple[list[str], list[str]]:
     """The commit footnotes of a study row (flagged ones first, then the rest) from its phases' commits
-    (``{"quality": ..., "timed": ...}``, None for a phase the row lacks). Phases at one commit share one note; phases
-    at different commits are named each, and flagged unless all their commits decode alike (``one_decoding``)."""
-    present = {ph: c for ph, c in by_phase.items() if c is not None}
-    if len(set(present.values())) <= 1:
-        commits = set(present.values())
+    (``{"quality": ..., "timed": ...}`` for the phases the row has; None where the records name no commit). Phases
+    at one commit share one note; phases at different commits are named each, and flagged unless all their commits
+    decode alike (``one_decoding``)."""
+    if len(set(by_phase.values())) <= 1:
+        commits = set(by_phase.values())
         return [commit_note(c) for c in commits if flags_commit(c)], [commit_note(c) for c in commits
                                                                         if not flags_commit(c)]
-    warn = [f"{ph} phase: {commit_note(c)}" for ph, c in present.items() if flags_commit(c)]
-    items = [f"{ph} phase: {commit_note(c)}" for ph, c in present.items() if not flags_commit(c)]
-    union = ", ".join(sorted({x for c in present.values() for x in c.split(", ")}))
+    warn = [f"{ph} phase: {commit_note(c)}" for ph, c in by_phase.items() if flags_commit(c)]
+    items = [f"{ph} phase: {commit_note(c)}" for ph, c in by_phase.items() if not flags_commit(c)]
+    union = ", ".join(sorted({x for c in by_phase.values() if c for x in c.split(", ")}))
     if not warn and flags_commit(union):
-        warn.append(f"its phases were decoded at different code ({'; '.join(present.values())}): the row joins "
-                    "quality and speed of different decoding")
+        warn.append(f"its phases were decoded at different code ({'; '.join(map(str, by_phase.values()))}): the row "
+                    "joins quality and speed of different decoding")
     return warn, items
 
 
@@ -180,8 +180,8 @@ def study_notes(table: Table, timed, q, ar_q) -> str:
     warn += [quality_cut] if quality_cut else []
     timed_cut = timed_budget_note(timed)
     warn += [timed_cut] if timed_cut else []
-    warn_c, items_c = phase_commit_notes({"quality": val(q, "commit") if q is not None else None,
-                                          "timed": val(timed, "commit") if timed is not None else None})
+    warn_c, items_c = phase_commit_notes({ph: val(r, "commit") for ph, r in (("quality", q), ("timed", timed))
+                                          if r is not None})
     warn, items = warn + warn_c, items + items_c
     marks = [table.footnote(text) for text in warn + items]
     return ("⚠ " if warn else "") + ",".join(f"[{m}]" for m in marks)
