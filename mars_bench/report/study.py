@@ -152,14 +152,11 @@ def phase_commit_notes(by_phase: dict) -> tuple[list[str], list[str]]:
     (``{"quality": ..., "timed": ...}`` for the phases the row has; None where the records name no commit). Phases
     at one commit share one note; phases at different commits are named each, and flagged unless all their commits
     decode alike (``one_decoding``)."""
-    if len(set(by_phase.values())) <= 1:
-        commits = set(by_phase.values())
-        return [commit_note(c) for c in commits if flags_commit(c)], [commit_note(c) for c in commits
-                                                                        if not flags_commit(c)]
-    warn = [f"{ph} phase: {commit_note(c)}" for ph, c in by_phase.items() if flags_commit(c)]
-    items = [f"{ph} phase: {commit_note(c)}" for ph, c in by_phase.items() if not flags_commit(c)]
+    one = len(set(by_phase.values())) <= 1
+    notes = {commit_note(c) if one else f"{ph} phase: {commit_note(c)}": flags_commit(c) for ph, c in by_phase.items()}
+    warn, items = [n for n, flag in notes.items() if flag], [n for n, flag in notes.items() if not flag]
     union = ", ".join(sorted({x for c in by_phase.values() if c for x in c.split(", ")}))
-    if not warn and flags_commit(union):
+    if not one and not warn and flags_commit(union):
         warn.append(f"its phases were decoded at different code ({'; '.join(map(str, by_phase.values()))}): the row "
                     "joins quality and speed of different decoding")
     return warn, items
