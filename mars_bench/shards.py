@@ -30,10 +30,10 @@ Sizes: ``Shard.est_min`` is the minutes each shard is expected to take on the 2-
 ran the committed study (results/study.tar.xz, commit 184c14b+dirty, 30 min 43 s for WMT19 100 + GSM8K 40), scaled
 from its timed phase (sum of the timed records' wall time) and its quality phase (the rest of the run), and, for
 the tasks it did not run, from the 16-sample prefixes of docs/reproduce.md (same machine kind, int8 draft: upper
-bounds). On an AVX2-only EPYC the shards took 1.6-2.8x these minutes (wmt19 59 min quiet on a Zen 3, family 25,
+bounds). On an AVX2-only EPYC the shards took 1.3-2.8x these minutes (wmt19 59 min quiet on a Zen 3, family 25,
 its batched quality phase 3.0x the estimate; mt_bench 101 min there, its quality phase 1.9x; humaneval ~93 min
-in two sittings, 1.3x; gsm8k ~73 min, alpaca ~81 min and trees 56 min, partly beside other work:
-docs/reproduce.md, "Shards run so far")."""
+and cnn_dm ~149 min there, each in two sittings, 1.3x; gsm8k ~73 min, alpaca ~81 min and trees 56 min, partly
+beside other work: docs/reproduce.md, "Shards run so far")."""
 from __future__ import annotations
 
 import argparse
