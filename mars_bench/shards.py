@@ -33,7 +33,7 @@ the tasks it did not run, from the 16-sample prefixes of docs/reproduce.md (same
 bounds). On an AVX2-only EPYC the shards took 1.3-2.8x these minutes (wmt19 59 min quiet on a Zen 3, family 25,
 its batched quality phase 3.0x the estimate; mt_bench 101 min there, its quality phase 1.9x; humaneval ~93 min
 and cnn_dm ~149 min there, each in two sittings, 1.3x; gsm8k ~73 min, alpaca ~81 min and trees 56 min, partly
-beside other work: docs/reproduce.md, "Shards run so far")."""
+beside other work: docs/reproduce.md, "Shards run")."""
 from __future__ import annotations
 
 import argparse
