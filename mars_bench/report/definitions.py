@@ -17,8 +17,9 @@ ACCEPTANCE_DEFINITION = ("acceptance rate at depth i = accepted drafts at depth 
 TRUNCATION_LIMIT = 0.05   # a run whose share of samples cut at max_new_tokens exceeds this is flagged
 CI_DEFINITION = ("v [lo, hi] = value and its 95% CI (bootstrap over samples; speedup paired with ar on the "
                  "same resampled samples); p = paired test vs ar (McNemar exact for binary scores, sacrebleu "
-                 "paired bootstrap for BLEU/chrF, paired bootstrap of per-sample scores otherwise, e.g. ROUGE); MDE = smallest difference this n detects at 80% power, "
-                 "5% level; truncated = share of samples stopped at max_new_tokens")
+                 "paired bootstrap for BLEU/chrF, paired bootstrap of per-sample scores otherwise, e.g. ROUGE); "
+                 "MDE = smallest difference this n detects at 80% power, 5% level; truncated = share of samples "
+                 "stopped at max_new_tokens")
 SPEED_DEFS = f"{M.TAU_DEFINITION}. {M.SPEEDUP_DEFINITION}."
 NO_BUDGET_DEFINITION = ("speedup without budget hits = the same speedup over the samples where neither the method's "
                         "nor ar's output hit max_new_tokens in any turn (runaway samples often repeat text that "
