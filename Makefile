@@ -48,13 +48,13 @@ STUDY_DRAFT ?= model.draft_quant=q4
 ALLOW_DIRTY ?=
 DIRTY_FLAG := $(if $(ALLOW_DIRTY),--allow-dirty,)
 reproduce: $(STAMP)
-	$(BIN)/python -m mars_bench.shards check-clean $(DIRTY_FLAG)
+	$(BIN)/python -m mars_bench.run.shards check-clean $(DIRTY_FLAG)
 	$(BIN)/mars-bench +experiment=study_theta task=wmt19_zh_en $(STUDY_DRAFT) results_dir=$(STUDY_DIR)
 	$(BIN)/mars-bench +experiment=study_methods task=gsm8k limit=40 $(STUDY_DRAFT) results_dir=$(STUDY_DIR)
 	$(BIN)/mars-bench-report $(STUDY_DIR) --pack results/study.tar.xz
 
-# The paper's subsets of every benchmark here in study mode, as named shards (mars_bench/shards.py; `python -m
-# mars_bench.shards list` prints them with their estimated minutes): wmt19 (100, theta sweep, 48 timed), gsm8k
+# The paper's subsets of every benchmark here in study mode, as named shards (mars_bench/run/shards.py; `python -m
+# mars_bench.run.shards list` prints them with their estimated minutes): wmt19 (100, theta sweep, 48 timed), gsm8k
 # (121), humaneval (164), mt_bench (80, no judge: speed + fidelity), alpaca (80), cnn_dm (80), ar / sd / mars
 # 0.9, and trees (the T = 1 tree arm, WMT19 segments 1-16). Each shard runs in results/shards/<name>/ and, when
 # finished, writes its pack results/study/<name>.tar.xz (commit those); rerunning resumes an interrupted shard
@@ -66,15 +66,15 @@ SHARD ?=
 ALLOW_MIXED ?=
 MIXED_FLAG := $(if $(ALLOW_MIXED),--allow-mixed,)
 reproduce-full: $(STAMP)
-	$(BIN)/python -m mars_bench.shards run --all $(DIRTY_FLAG) $(MIXED_FLAG)
+	$(BIN)/python -m mars_bench.run.shards run --all $(DIRTY_FLAG) $(MIXED_FLAG)
 	$(BIN)/mars-bench-report results/study/*.tar.xz --out results/study/report-full
 
 shard: $(STAMP)
-	$(BIN)/python -m mars_bench.shards run $(SHARD) $(DIRTY_FLAG) $(MIXED_FLAG)
+	$(BIN)/python -m mars_bench.run.shards run $(SHARD) $(DIRTY_FLAG) $(MIXED_FLAG)
 	$(BIN)/mars-bench-report results/study/*.tar.xz --out results/study/report-full
 
 park: $(STAMP)
-	$(BIN)/python -m mars_bench.shards park $(SHARD)
+	$(BIN)/python -m mars_bench.run.shards park $(SHARD)
 
 # Tables (md/csv/tex) and figures (png/pdf) of everything under results/ -> results/report/
 figures: $(STAMP)
@@ -85,7 +85,7 @@ figures: $(STAMP)
 # time), with forward costs (llama.cpp's too, where it runs) and each runner process's peak RSS; then the
 # draft's part (scripts/bench_draft.py): draft vs target cost per draft setting, the k sweep, sd and mars at
 # the task budgets, prompt lookup -> results/bench/draft.md. The scripts only arrange runs and print
-# (shared code: mars_bench/bench.py). Any script: --model tiny for a smoke run on the tiny pair.
+# (shared code: mars_bench/run/bench.py). Any script: --model tiny for a smoke run on the tiny pair.
 # Shorter: make bench BENCH_ARGS="--limit 1 --max-new-tokens 24" BATCH_ARGS="--limit 2 --batch-sizes 1,2" \
 #   DRAFT_ARGS="--sweep-limit 1 --limit 1 --max-new-tokens 32 --lookup-limit 1"
 BENCH_ARGS ?=

@@ -5,7 +5,7 @@ Every row is the runner's: per task (GSM8K, HumanEval) and target dtype, one inv
 and 1, adaptive-length sd, sd_tree, prompt lookup), the methods decoded interleaved sample by sample (order
 rotated per sample), into --runs (cleared first). Tokens/s, tau, speedup vs ar with its paired bootstrap CI,
 samples identical to ar and the share of the loop's wall time outside forwards are summary.json's
-(``mars_bench.bench.runner_rows``). Beside them: the peak RSS of each runner process (it loads the pair as
+(``mars_bench.run.bench.runner_rows``). Beside them: the peak RSS of each runner process (it loads the pair as
 `make run` does and decodes every method), and the forward cost of n new tokens per target path (fp32 plain,
 fp32 panel, bf16 where its kernel runs, llama.cpp's Q4_K_M where it runs) and of the draft, measured in this
 process, the paths alternating. ``--model tiny``: the tiny random pair (a smoke run of this script).
@@ -22,10 +22,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from mars_bench import bench as B
+from mars_bench.run import bench as B
 from mars_bench.models import llamacpp, panel
-from mars_bench.metrics import SPEEDUP_DEFINITION, TAU_DEFINITION
-from mars_bench.provenance import machine, machine_label
+from mars_bench.store.metrics import SPEEDUP_DEFINITION, TAU_DEFINITION
+from mars_bench.store.provenance import machine, machine_label
 
 COLUMNS = ["task", "block", "row", "precision", "tokens_per_s", "tau", "vs_ar", "vs_ar_lo", "vs_ar_hi",
            "identical_to_ar", "n", "outside_forward_share", "method", "k", "theta"]

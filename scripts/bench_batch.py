@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from mars_bench import bench as B
-from mars_bench.metrics import TAU_DEFINITION
+from mars_bench.run import bench as B
+from mars_bench.store.metrics import TAU_DEFINITION
 
 ORDER = ("ar", "sd", "mars")
 
 
 def batch_table(runs_dir) -> pd.DataFrame:
-    """One row per (task, method, B) from the runs under ``runs_dir`` (``mars_bench.bench.runner_rows``), with
-    each method's ratio to itself at the smallest B (``mars_bench.bench.paired_ratio``)."""
+    """One row per (task, method, B) from the runs under ``runs_dir`` (``mars_bench.run.bench.runner_rows``), with
+    each method's ratio to itself at the smallest B (``mars_bench.run.bench.paired_ratio``)."""
     rows = B.runner_rows(runs_dir)
     if rows.empty:
         return rows

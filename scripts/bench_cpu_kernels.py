@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from mars_bench import bench as B
+from mars_bench.run import bench as B
 from mars_bench.models import fastpath, panel, quant
 from mars_bench.models.pairs import load_draft
 

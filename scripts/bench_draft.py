@@ -11,7 +11,7 @@ what that buys in speed.
    fastest other setting, GSM8K and HumanEval; speedup vs ar with its paired bootstrap CI (summary.json).
 4. Prompt lookup (no draft model) against ar and sd on CNN/DM, HumanEval and WMT19 (runner).
 
-Every decoded row is the runner's (``mars_bench.bench``): the methods interleaved sample by sample, order
+Every decoded row is the runner's (``mars_bench.run.bench``): the methods interleaved sample by sample, order
 rotated, speedups and CIs from summary.json. ``--model tiny``: the tiny random pair (a smoke run of this
 script). Writes results/bench/draft.{md,json}.
 """
@@ -27,11 +27,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from mars_bench import bench as B
+from mars_bench.run import bench as B
 from mars_bench.models import fastpath, fused, panel, quant
 from mars_bench.models.pairs import load_draft
-from mars_bench.metrics import SPEEDUP_DEFINITION, TAU_DEFINITION
-from mars_bench.provenance import machine, machine_label
+from mars_bench.store.metrics import SPEEDUP_DEFINITION, TAU_DEFINITION
+from mars_bench.store.provenance import machine, machine_label
 
 BUDGET_TASKS = ("gsm8k", "humaneval")
 LOOKUP_TASKS = ("cnn_dm", "humaneval", "wmt19_zh_en")
@@ -129,7 +129,7 @@ def entries(sd_k: list[int], mars_k: list[int], extra=()) -> str:
 
 def runner_rows(runs: Path, draft: str, tasks, interleave: str, extra=(), threads=None) -> pd.DataFrame:
     """One runner invocation per task (``+compare=bench_draft`` with this draft setting and ``interleave``) into
-    runs/<draft>, read back as rows (``mars_bench.bench.runner_rows``: method and k are run.json's)."""
+    runs/<draft>, read back as rows (``mars_bench.run.bench.runner_rows``: method and k are run.json's)."""
     out = runs / draft.replace("+", "_")
     for task in tasks:
         B.run_compare("bench_draft", task, out, [*B.draft_overrides(draft), interleave, "progress=false", *extra],

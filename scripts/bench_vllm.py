@@ -27,11 +27,11 @@ import pandas as pd
 import torch
 
 from mars_bench import stats as S
-from mars_bench.bench import fresh_runs_dir, run_compare
-from mars_bench.engines.vllm_compat import installed_version
-from mars_bench.metrics import TAU_DEFINITION
-from mars_bench.provenance import machine_label
-from mars_bench.storage import read_samples
+from mars_bench.run.bench import fresh_runs_dir, run_compare
+from mars_bench.engines.vllm.compat import installed_version
+from mars_bench.store.metrics import TAU_DEFINITION
+from mars_bench.store.provenance import machine_label
+from mars_bench.store.io import read_samples
 
 RULES = ("exact", "mars")
 INTERLEAVE = "interleave=[['method=sd'],['method=mars']]"
@@ -170,7 +170,7 @@ class NativeTarget:
         from omegaconf import OmegaConf
 
         from mars_bench.models.pairs import load_pair
-        from mars_bench.runner import prepare
+        from mars_bench.run.runner import prepare
 
         cfg = OmegaConf.load(self.run_dir / "config.yaml")
         task, samples, *_ = prepare(cfg)
@@ -280,7 +280,7 @@ def divergence_lines(engines: pd.DataFrame) -> list[str]:
 def pair_overrides(pair: str) -> tuple[list[str], list[str]]:
     """(vLLM overrides, native overrides) that load the same weights in fp32."""
     if pair == "tiny":
-        from mars_bench.engines.vllm import tiny_dirs
+        from mars_bench.engines.vllm.engine import tiny_dirs
 
         target, draft = tiny_dirs()
         return ["model=tiny"], ["model=tiny", "model.source=hf", f"model.target={target}", f"model.draft={draft}"]

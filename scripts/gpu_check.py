@@ -254,8 +254,8 @@ def capture_checks(target, draft, prompts, device, exact: bool, refs: dict, run)
 def runner_check(device, n: int, max_new: int, exact: bool):
     """(check, rows): the runner's interleaved path on ``device`` with the tiny pair (ar, sd, mars of
     conf/compare/methods.yaml on the built-in prompts), in its own process, read back as rows
-    (``mars_bench.bench.runner_rows``: summary.json's numbers)."""
-    from mars_bench import bench as B
+    (``mars_bench.run.bench.runner_rows``: summary.json's numbers)."""
+    from mars_bench.run import bench as B
 
     with tempfile.TemporaryDirectory(prefix="gpu_check_runner_") as folder:
         runs = B.fresh_runs_dir(Path(folder) / "runs")

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mars_bench.tags import read_spec
+from mars_bench.store.spec import read_spec
 
 from .conftest import data_dir
 
 
 def run_dir(results: Path, *overrides: str) -> Path:
     """The run directory that ``mars-bench <overrides> results_dir=<results>`` writes, computed in this process."""
-    from mars_bench.runner import Job
+    from mars_bench.run.runner import Job
 
     from .test_cli import cfg_of
 

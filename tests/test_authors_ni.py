@@ -11,13 +11,13 @@ import pytest
 from omegaconf import OmegaConf
 from scipy import stats as sps
 
-from mars_bench.errors import ConfigError
-from mars_bench import metrics as M
+from mars_bench.base.errors import ConfigError
+from mars_bench.store import metrics as M
 from mars_bench import stats as S
-from mars_bench.storage import read_samples
+from mars_bench.store.io import read_samples
 
 from .test_stats import _segments
-from mars_bench.summary import LEGACY_METRICS, run_stats, task_metrics
+from mars_bench.store.summary import LEGACY_METRICS, run_stats, task_metrics
 
 FAST = S.StatsSettings(n_boot=2000)
 
@@ -60,7 +60,7 @@ def test_authors_speedup_without_retokenized_counts_says_so():
 
 
 def test_turn_record_counts_the_stripped_text_with_the_tokenizer():
-    from mars_bench.recordbuild import turn_record
+    from mars_bench.store.recordbuild import turn_record
 
     res = SimpleNamespace(tokens=[5, 6, 7], steps=2, tau=1.5, stop_reason="eos", prefill_s=0.0, wall_s=1.0,
                           target_s=0.5, draft_s=0.2, proposed=[2, 2], accepted=[1, 0], relaxed=[], z1=[], z2=[],
@@ -80,7 +80,7 @@ def test_ni_settings_knob():
 
 
 def test_ni_margin_from_the_command_line():
-    from mars_bench.validation import validate
+    from mars_bench.config.validation import validate
 
     from .test_cli import cfg_of
 
@@ -213,7 +213,7 @@ def test_registration_drives_the_tests_bleu_raw_on_raw_hypotheses(monkeypatch):
 
 
 def test_registration_as_dicts_and_the_legacy_fallback():
-    from mars_bench.summary import from_registration
+    from mars_bench.store.summary import from_registration
 
     got = from_registration({"pass@1": {"higher": True, "test": "binary", "per_sample": "passed"},
                              "ter": {"higher": False, "test": "mean", "per_sample": "ter"}})
@@ -278,7 +278,7 @@ def test_old_summary_is_restated_whole_by_the_writer(tmp_path):
     import shutil
     from pathlib import Path
 
-    from mars_bench import summary as W
+    from mars_bench.store import summary as W
     from mars_bench.report import load_frames
     from mars_bench.stats import StatsSettings
     from mars_bench.tasks.base import load_spec

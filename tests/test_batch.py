@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from mars_bench.errors import ConfigError
+from mars_bench.base.errors import ConfigError
 from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.decode.backend import check_memory
 from mars_bench.decode.engine import Batch, Request
 from mars_bench.decode.generate import generate_batch
-from mars_bench.tags import RunSpec
+from mars_bench.store.spec import RunSpec
 
 from .conftest import EOS, MAX_NEW
 
@@ -201,8 +201,8 @@ def test_memory_check_names_the_largest_batch_that_fits(tiny):
 def test_batch_size_is_checked_and_trees_batch():
     from hydra import compose, initialize_config_dir
 
-    from mars_bench import config as C
-    from mars_bench.validation import validate
+    from mars_bench.config import schema as C
+    from mars_bench.config.validation import validate
 
     C.register()
     from .conftest import ROOT

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from mars_bench.storage import read_samples
+from mars_bench.store.io import read_samples
 
 from .conftest import data_dir
 from .rundirs import find_run, labels, run_dir
@@ -22,7 +22,7 @@ ARGS = ["model=tiny", "method=mars", "method.theta=0.9", "method.k=3", "max_new_
 
 
 def _cmd(results: Path, *extra) -> list[str]:
-    return [sys.executable, "-m", "mars_bench.run", *ARGS, f"results_dir={results}", f"limit={N}", *extra]
+    return [sys.executable, "-m", "mars_bench.cli", *ARGS, f"results_dir={results}", f"limit={N}", *extra]
 
 
 def _env() -> dict:
@@ -75,7 +75,7 @@ def test_two_turn_task_batched_equals_batch1(tmp_path):
     args = ["model=tiny", "method=sd", "method.k=4", "task=mt_bench", "max_new_tokens=12", "limit=5",
             "progress=false", f"results_dir={tmp_path}"]
     for b in (1, 2):
-        r = subprocess.run([sys.executable, "-m", "mars_bench.run", *args, f"batch_size={b}"], cwd=ROOT, env=_env(),
+        r = subprocess.run([sys.executable, "-m", "mars_bench.cli", *args, f"batch_size={b}"], cwd=ROOT, env=_env(),
                            capture_output=True, text=True, timeout=180)
         assert r.returncode == 0, r.stderr[-2000:]
     (task_dir,) = (tmp_path / "tiny_fp32_cpu").glob("mt_bench-*")
@@ -102,7 +102,7 @@ def test_interleaved_batched_equals_interleaved_batch1(tmp_path):
     args = ["model=tiny", "+compare=methods", "limit=10", "max_new_tokens=12", "progress=false",
             f"results_dir={tmp_path}"]
     for b in (1, 2):
-        r = subprocess.run([sys.executable, "-m", "mars_bench.run", *args, f"batch_size={b}"], cwd=ROOT, env=_env(),
+        r = subprocess.run([sys.executable, "-m", "mars_bench.cli", *args, f"batch_size={b}"], cwd=ROOT, env=_env(),
                            capture_output=True, text=True, timeout=180)
         assert r.returncode == 0, r.stderr[-2000:]
     base = tmp_path / "tiny_fp32_cpu" / "prompts-v1"

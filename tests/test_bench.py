@@ -1,6 +1,6 @@
 """`make bench` through the runner: `+compare=bench` (and `+compare=bench_batch`) compose and validate for
 both tasks, the bench's runner invocation writes records on the tiny pair, and scripts/bench.py and
-bench_batch.py build their tables from that results tree (mars_bench/bench.py: summary.json's numbers, paired
+bench_batch.py build their tables from that results tree (mars_bench/run/bench.py: summary.json's numbers, paired
 ratios from mars_bench/stats.py; no timing asserts). No script imports another."""
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
-from mars_bench import bench as B
-from mars_bench import config as C
-from mars_bench.decode_settings import method_of
-from mars_bench.validation import validate
+from mars_bench.run import bench as B
+from mars_bench.config import schema as C
+from mars_bench.config.settings import method_of
+from mars_bench.config.validation import validate
 
 from .conftest import ROOT, data_dir
 
@@ -53,7 +53,7 @@ def hydra_ctx():
 
 def variants(overrides: list[str]) -> list:
     """The runner's own composition of the interleave entries (runner.variant_configs), as `mars-bench` would."""
-    from mars_bench.runner import variant_configs
+    from mars_bench.run.runner import variant_configs
 
     cfg = compose("config", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
@@ -62,7 +62,7 @@ def variants(overrides: list[str]) -> list:
 
 @pytest.mark.parametrize("task", B.TASKS)
 def test_compare_bench_composes_and_validates(hydra_ctx, task, monkeypatch):
-    from mars_bench.runner import Job
+    from mars_bench.run.runner import Job
 
     monkeypatch.setenv("MARS_BENCH_DATA_DIR", str(data_dir()))
     cfg, vs = variants(["+compare=bench", f"task={task}", "limit=5", "max_new_tokens=48"])

@@ -10,9 +10,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
-from mars_bench import bench as B
-from mars_bench import config as C
-from mars_bench.decode_settings import method_of
+from mars_bench.run import bench as B
+from mars_bench.config import schema as C
+from mars_bench.config.settings import method_of
 from mars_bench.models import quant
 
 from .conftest import ROOT, data_dir
@@ -31,7 +31,7 @@ def test_draft_settings_become_model_overrides():
 
 
 def test_interleave_list_composes_to_the_swept_methods():
-    from mars_bench.runner import variant_configs
+    from mars_bench.run.runner import variant_configs
 
     C.register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

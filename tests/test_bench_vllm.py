@@ -130,8 +130,8 @@ def test_the_report_lists_every_divergent_sample(runs):
 def test_the_native_target_rebuilds_the_prompt_and_scores_the_prefix(tmp_path):
     """On a native tiny run: the prompt rebuilt from the run's config.yaml has the record's length, and the greedy
     ar token at a position is the top-1 of the scored logits (native gap 0)."""
-    from mars_bench import runner as R
-    from mars_bench.storage import read_samples
+    from mars_bench.run import runner as R
+    from mars_bench.store.io import read_samples
 
     from .test_cli import tiny_cfg
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from mars_bench import config as C
-from mars_bench.errors import ConfigError
-from mars_bench.validation import validate
-from mars_bench import runner as R
+from mars_bench.config import schema as C
+from mars_bench.base.errors import ConfigError
+from mars_bench.config.validation import validate
+from mars_bench.run import runner as R
 from mars_bench.models import fastpath
 from mars_bench.models.pairs import TokenizerMismatch, check_tokenizers
 from mars_bench.models.tiny import tiny_pair
@@ -174,7 +174,7 @@ def test_speedup_and_fidelity_when_ar_exists(tmp_path):
 
 def test_cli_subprocess_ok_and_bad_input(tmp_path):
     env = dict(os.environ, MARS_BENCH_DATA_DIR=str(data_dir()))
-    base = [sys.executable, "-m", "mars_bench.run", "model=tiny", f"results_dir={tmp_path}/r",
+    base = [sys.executable, "-m", "mars_bench.cli", "model=tiny", f"results_dir={tmp_path}/r",
             "progress=false", "limit=2", "max_new_tokens=8"]
     ok = subprocess.run(base + ["method=sd", "method.k=3"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert ok.returncode == 0, ok.stderr
@@ -191,7 +191,7 @@ def test_a_bug_in_a_scorer_keeps_its_traceback(tmp_path, monkeypatch):
     propagates with its traceback, while a bad value still ends with exit 2."""
     import traceback
 
-    from mars_bench import cli
+    from mars_bench.cli import app as cli
     from mars_bench.tasks import get_task
 
     cls = type(get_task("prompts"))

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from rich.cells import cell_len
 
-from mars_bench.report import load_frames, main
+from mars_bench.cli.report import main
+from mars_bench.report import load_frames
 from mars_bench.report.console import WIDTH, render
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "results"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench.report import main
+from mars_bench.cli.report import main
 from mars_bench.report.docs import EVERY, combined_section, markers, section, write_results_md
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from mars_bench.errors import ConfigError
+from mars_bench.config.spec import spec_of
+from mars_bench.base.errors import ConfigError
 from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.models import fastpath
 from mars_bench.models.adapter import CausalLMAdapter
@@ -74,12 +75,12 @@ def test_quantized_draft_keeps_sd_lossless(prompt_ids, hf_reference):
 def test_draft_quant_config_and_results_path(tmp_path):
     from omegaconf import OmegaConf
 
-    from mars_bench import config as C
-    from mars_bench.validation import validate
-    from mars_bench.tags import RunSpec
+    from mars_bench.config import schema as C
+    from mars_bench.config.validation import validate
+    from mars_bench.store.spec import RunSpec
 
     def run_tag(cfg, n):
-        return RunSpec.from_config(cfg, n).label
+        return spec_of(cfg, n).label
 
     cfg = OmegaConf.structured(C.Config)
     cfg.method.name = "mars"

@@ -8,16 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench.errors import ConfigError
-from mars_bench import config as C
-from mars_bench.decode_settings import draft_quant_of, method_of
-from mars_bench.validation import validate
-from mars_bench import runner as R
+from mars_bench.config.spec import spec_of
+from mars_bench.base.errors import ConfigError
+from mars_bench.config import schema as C
+from mars_bench.config.settings import draft_quant_of, method_of
+from mars_bench.config.validation import validate
+from mars_bench.run import runner as R
 from mars_bench.decode import drafting
 from mars_bench.decode.drafters import as_drafter
 from mars_bench.decode.drafting import Head, Scheme
 from mars_bench.decode.proposers.tree import TreeProposer
-from mars_bench.tags import RunSpec, read_spec
+from mars_bench.store.spec import RunSpec, read_spec
 
 from .conftest import ROOT
 from .test_cli import tiny_cfg
@@ -61,7 +62,7 @@ def test_a_scheme_declared_once_is_validated_and_named(tmp_path, self_draft):
     cfg.model.eagle3 = _head_dir(tmp_path)
     validate(cfg)
     assert draft_quant_of(cfg) is None               # no draft LM: no draft quantization
-    spec = RunSpec.from_config(cfg, 10)
+    spec = spec_of(cfg, 10)
     assert (spec.scheme, spec.k, spec.tree, spec.p_min) == ("selfdraft", None, "d3-w3-t10", 0.0)
     assert list(spec.draft_model) == ["eagle3"] and spec.draft_model["eagle3"].startswith("dir:")
     assert spec.label.startswith("selfdraft-d3-w3-t10-") and RunSpec.parse(spec.label).tree == "d3-w3-t10"
@@ -151,7 +152,8 @@ def test_no_module_outside_the_declarations_compares_a_scheme_name(tmp_path):
 def test_a_job_resolves_its_method_once(tmp_path, monkeypatch):
     """Settings passed, not recomputed: one run resolves ``method_of`` for validation and once for the job; the
     RunSpec, the records' draft quantization and the summary take the job's."""
-    from mars_bench import decode_settings, runner, validation
+    from mars_bench.config import settings as decode_settings, validation
+    from mars_bench.run import runner
 
     calls = []
     real = decode_settings.method_of

@@ -409,7 +409,7 @@ def test_marker_without_mtimes_gets_one_full_check(tmp_path, tiny_gguf, monkeypa
 
 
 def test_cache_verify_finds_what_a_load_cannot_and_rebuilds(tmp_path, tiny_gguf, capsys, monkeypatch):
-    from mars_bench import cache_cli
+    from mars_bench.cli import cache as cache_cli
 
     spec, cache, out = _prepared(tmp_path, tiny_gguf)
     monkeypatch.setitem(E.SPECS, spec.name, spec)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from mars_bench.errors import ConfigError
-from mars_bench.validation import validate
+from mars_bench.base.errors import ConfigError
+from mars_bench.config.validation import validate
 from mars_bench import engines
-from mars_bench import runner as R
-from mars_bench.tags import read_spec
+from mars_bench.run import runner as R
+from mars_bench.store.spec import read_spec
 
 from .test_cli import tiny_cfg
 

@@ -12,7 +12,7 @@ import pytest
 
 from mars_bench.report import all_tables, load_frames
 from mars_bench.report.columns import val
-from mars_bench.tags import read_spec, write_spec
+from mars_bench.store.spec import read_spec, write_spec
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "results"
 TD = "toy-pair_fp32_cpu/gsm8k-v1"
@@ -170,9 +170,9 @@ def test_tables_say_what_the_frames_say(legacy):
 def test_a_current_summary_is_read_and_is_what_wandb_logs(tmp_path):
     """Summaries restated once (through the writer's functions) and written back are current: loading again
     restates nothing, gives the same numbers, and the W&B row of each summary is its frame row."""
-    from mars_bench.report.read import find_runs
+    from mars_bench.store.read import find_runs
     from mars_bench.report.restate import current_summary
-    from mars_bench.wandb_logger import summary_values
+    from mars_bench.run.wandb_logger import summary_values
 
     root = spec_tree(tmp_path / "r")
     shutil.rmtree(root / "worker1")                                    # one directory per run

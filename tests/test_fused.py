@@ -138,7 +138,7 @@ def test_supports_names_what_it_does_not_cover():
 def test_loader_fuses_exactly_the_group_quantized_drafts(scheme, on):
     from omegaconf import OmegaConf
 
-    from mars_bench import config as C
+    from mars_bench.config import schema as C
     from mars_bench.models.pairs import load_draft, load_pair
 
     mcfg = OmegaConf.merge(OmegaConf.structured(C.ModelConfig), {"source": "tiny", "draft_quant": scheme})
@@ -212,7 +212,7 @@ def test_fused_target_tokens_do_not_depend_on_how_many_tokens_a_forward_scores(p
 def test_loader_fuses_the_fast_path_target(fast_path, on):
     from omegaconf import OmegaConf
 
-    from mars_bench import config as C
+    from mars_bench.config import schema as C
     from mars_bench.models.pairs import load_pair
 
     mcfg = OmegaConf.merge(OmegaConf.structured(C.ModelConfig),

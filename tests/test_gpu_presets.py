@@ -6,10 +6,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from mars_bench import config as C
-from mars_bench.validation import validate
-from mars_bench import runner
-from mars_bench.errors import ConfigError
+from mars_bench.config import schema as C
+from mars_bench.config.validation import validate
+from mars_bench.run import runner
+from mars_bench.base.errors import ConfigError
 from mars_bench.models.pairs import capture
 
 from .conftest import ROOT

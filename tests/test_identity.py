@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from mars_bench import runner, study_mode
-from mars_bench.storage import atomic_write_text
+from mars_bench.run import runner, study as study_mode
+from mars_bench.store.io import atomic_write_text
 
 
 def turn(ids, accepted, outcome, z1, z2):

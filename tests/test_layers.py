@@ -1,29 +1,25 @@
 """The package's import graph (issue 31): no cycle between modules and no import from a lower layer up, lazy
-imports inside functions included. A new top-level module or package is placed in LAYERS, or this fails."""
+imports inside functions included. mars_bench/ holds packages only (its layers); a new package is placed in LAYERS,
+or this fails."""
 import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "mars_bench"
 
-# Lowest first. A module may import its own layer's modules (without a cycle) and any lower layer's.
+# Lowest first: the packages of mars_bench/, each a layer. A module may import its own package's modules (without a
+# cycle) and any lower package's; the tree itself shows the layers (docs/architecture.md).
 LAYERS = [
-    {"errors", "files", "locking", "interrupts", "system_prompts", "storage"},
-    {"decode"},                       # the engine: no Hydra, no files, no models/ (backends plug in)
-    {"models"},                       # backends, kernels, loading
-    {"provenance"},                   # git commit, versions, the machine (its CPU facts from models/)
-    {"tasks"},
-    {"stats", "records", "recordbuild", "metrics", "sample_writer"},
-    {"config"},                       # the schema and the constants bounding its values
-    {"decode_settings"},              # a config's Method, DecodeConfig, budget, draft quantization
-    {"validation", "overrides"},      # the checks of a composed config; overrides checked before Hydra composes
-    {"tags"},                         # RunSpec, built from a config
-    {"summary"},
-    {"shards", "report"},
-    {"wandb_logger"},
-    {"engines"},                      # engines other than native (vLLM): hand a job's prompts over, get records
-    {"runner"},
-    {"study_mode"},                   # study mode: drives the runner's jobs and interleaved path
-    {"callbacks", "cli", "run", "cache_cli", "slurm", "bench", "__init__"},   # bench: the scripts' library
+    {"base"},       # errors, file hashes, flock claims, deferred interrupts: no project imports
+    {"decode"},     # the engine: one step, rules, proposers, trees; no Hydra, no files, no models/ (backends plug in)
+    {"models"},     # backends (forward paths, kernels), loading, model identity
+    {"tasks"},      # datasets, prompts, scoring
+    {"stats"},      # intervals, tests, MDE: numbers in, numbers out
+    {"store"},      # the run directory: spec, records, writer, summary, metrics, provenance, packs, reading runs
+    {"config"},     # the schema, its checks, the settings a composed config resolves to (method, decode, spec)
+    {"engines"},    # engines other than native, one package each (vllm/)
+    {"report"},     # tables, figures, docs sections: reads store/ only
+    {"run"},        # the runner, study mode, shards, SLURM, callbacks, W&B, the scripts' bench library
+    {"cli", "__init__"},   # entry points: mars-bench, mars-bench-report, mars-bench-cache
 ]
 
 
@@ -114,11 +110,21 @@ def test_no_import_cycle():
 def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
     """The checks above can fail: a planted lower -> upper import and a planted cycle are found."""
     mods = {"mars_bench.decode.x": tmp_path / "x.py", "mars_bench.decode.y": tmp_path / "y.py",
-            "mars_bench.runner": tmp_path / "runner.py"}
+            "mars_bench.run.runner": tmp_path / "runner.py"}
     (tmp_path / "x.py").write_text("from . import y\n")
-    (tmp_path / "y.py").write_text("def f():\n    from ..runner import run\n    from .x import g\n")
+    (tmp_path / "y.py").write_text("def f():\n    from ..run.runner import run\n    from .x import g\n")
     (tmp_path / "runner.py").write_text("")
     edges = _edges(mods)
     assert edges["mars_bench.decode.x"] == {"mars_bench.decode.y"}
-    assert edges["mars_bench.decode.y"] == {"mars_bench.runner", "mars_bench.decode.x"}
-    assert _layer("mars_bench.decode.y") < _layer("mars_bench.runner")
+    assert edges["mars_bench.decode.y"] == {"mars_bench.run.runner", "mars_bench.decode.x"}
+    assert _layer("mars_bench.decode.y") < _layer("mars_bench.run.runner")
+
+
+def test_mars_bench_holds_packages_only():
+    """The tree shows the layers: no flat module beside the packages, and every package is a layer."""
+    flat = sorted(p.name for p in PKG.glob("*.py") if p.name != "__init__.py")
+    assert not flat, f"modules outside a package: {flat}; place each in the package of its layer"
+    packages = {p.parent.name for p in PKG.glob("*/__init__.py")}
+    layered = set().union(*LAYERS) - {"__init__"}
+    assert packages == layered, f"packages not in LAYERS: {sorted(packages - layered)}; in LAYERS, no package: " \
+                                f"{sorted(layered - packages)}"

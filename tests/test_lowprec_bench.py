@@ -7,7 +7,7 @@ import re
 
 import pandas as pd
 
-from mars_bench import bench as B
+from mars_bench.run import bench as B
 
 from .conftest import ROOT
 

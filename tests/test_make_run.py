@@ -13,9 +13,9 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from mars_bench import config as C
-from mars_bench.decode_settings import max_new_tokens_of
-from mars_bench.validation import validate
+from mars_bench.config import schema as C
+from mars_bench.config.settings import max_new_tokens_of
+from mars_bench.config.validation import validate
 from mars_bench.tasks import get_task
 
 from .conftest import ROOT, data_dir

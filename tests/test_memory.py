@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mars_bench.decode.backend import check_memory
-from mars_bench.errors import ConfigError
+from mars_bench.base.errors import ConfigError
 from mars_bench.models.pairs import check_offload
 
 CPU, META = torch.device("cpu"), torch.device("meta")

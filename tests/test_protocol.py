@@ -6,19 +6,20 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench.errors import ConfigError
-from mars_bench.decode_settings import max_new_tokens_of
-from mars_bench.overrides import check_overrides
-from mars_bench.validation import validate
-from mars_bench import runner as R
+from mars_bench.config.spec import spec_of
+from mars_bench.base.errors import ConfigError
+from mars_bench.config.settings import max_new_tokens_of
+from mars_bench.config.overrides import check_overrides
+from mars_bench.config.validation import validate
+from mars_bench.run import runner as R
 from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.decode.generate import Request, generate_batch
 from mars_bench.decode.tree.build import TreeSpec
 from mars_bench.decode.generate import generate as generate_tree
 from mars_bench.models.pairs import Pair, chat_template_kwargs
 from mars_bench.models.tiny import CHAT_TEMPLATE, tiny_tokenizer
-from mars_bench.system_prompts import SYSTEM_PROMPTS
-from mars_bench.tags import RunSpec, read_spec
+from mars_bench.tasks.system_prompts import SYSTEM_PROMPTS
+from mars_bench.store.spec import RunSpec, read_spec
 from mars_bench.tasks import Sample, build_messages, get_task
 
 from .test_cli import cfg_of, tiny_cfg
@@ -247,14 +248,14 @@ def test_old_run_names_parse_unchanged(old):
 
 def test_each_protocol_setting_changes_the_tag(tmp_path):
     def tag(*o):
-        return RunSpec.from_config(tiny_cfg(tmp_path, "method=mars", *o), 64).label
+        return spec_of(tiny_cfg(tmp_path, "method=mars", *o), 64).label
 
     base = tag()
     assert base == "mars-k4-th0.9-T0-p1-n64-s0"
     changed = [tag("protocol.system_prompt=llama2"), tag("protocol.budget=after_step"),
                tag("model.enable_thinking=false"), tag("model.enable_thinking=true"), tag("protocol=authors")]
     assert len({base, *changed}) == 1 + len(changed)
-    assert RunSpec.from_config(tiny_cfg(tmp_path, "method=mars"), 64, task_prompts="authors").label == (
+    assert spec_of(tiny_cfg(tmp_path, "method=mars"), 64, task_prompts="authors").label == (
         "mars-k4-th0.9-promptsauthors-T0-p1-n64-s0")
 
 

@@ -6,10 +6,11 @@ import logging
 import pytest
 import torch
 
-from mars_bench.errors import ConfigError
-from mars_bench import config as C
-from mars_bench.decode_settings import draft_quant_of
-from mars_bench.validation import validate
+from mars_bench.config.spec import spec_of
+from mars_bench.base.errors import ConfigError
+from mars_bench.config import schema as C
+from mars_bench.config.settings import draft_quant_of
+from mars_bench.config.validation import validate
 from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.models import panel, quant
 from mars_bench.models.adapter import CausalLMAdapter
@@ -150,14 +151,14 @@ def _cfg(**model):
 
 
 def test_config_names_the_scheme_and_trimmed_vocabulary_in_the_run_tag():
-    from mars_bench.tags import RunSpec
+    from mars_bench.store.spec import RunSpec
 
     cfg = _cfg(draft_quant="q4", draft_vocab=32768)
     validate(cfg)
-    tag = RunSpec.from_config(cfg, 16).label
+    tag = spec_of(cfg, 16).label
     want = "q4g32" if quant.available() else "int8row"
     assert f"-draft{want}-dvocab32768-" in tag
-    assert "dvocab" not in RunSpec.from_config(_cfg(draft_quant="q4"), 16).label
+    assert "dvocab" not in spec_of(_cfg(draft_quant="q4"), 16).label
     for bad in (100, -1, 255):
         with pytest.raises(ConfigError, match=r"^model.draft_vocab=.*; allowed: 0 \(the full vocabulary\) or an "
                                                 r"integer >= 256$"):
@@ -168,12 +169,12 @@ def test_config_names_the_scheme_and_trimmed_vocabulary_in_the_run_tag():
 
 def test_without_vnni_q4_falls_back_to_int8_in_one_line_and_says_so(monkeypatch, caplog):
     from mars_bench.models import pairs
-    from mars_bench.tags import RunSpec
+    from mars_bench.store.spec import RunSpec
 
     monkeypatch.setattr(quant, "_state", {"why": "CPU 'test' lacks avx512_vnni"})
     assert not quant.available()
     cfg = _cfg(draft_quant="q4")
-    assert draft_quant_of(cfg) == "int8row" and "-draftint8row-" in RunSpec.from_config(cfg, 16).label
+    assert draft_quant_of(cfg) == "int8row" and "-draftint8row-" in spec_of(cfg, 16).label
     with caplog.at_level(logging.WARNING):
         assert pairs._quantize_draft("q4") == "int8"
     assert [r.getMessage() for r in caplog.records] == [

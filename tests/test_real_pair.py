@@ -22,7 +22,7 @@ PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.",
 def pair():
     from hydra import compose, initialize_config_dir
 
-    from mars_bench import config as C
+    from mars_bench.config import schema as C
     from mars_bench.models.pairs import load_pair
 
     from .conftest import ROOT
@@ -93,7 +93,7 @@ def test_relaxed_acceptances_satisfy_the_rule(pair, prompts):
 def pair16():
     from hydra import compose, initialize_config_dir
 
-    from mars_bench import config as C
+    from mars_bench.config import schema as C
     from mars_bench.models.pairs import load_pair
 
     from .conftest import ROOT

@@ -2,12 +2,12 @@
 carry both commits, and the report's commit column, its footnote and a pack's stamp name both."""
 from __future__ import annotations
 
-from mars_bench import runner as R
+from mars_bench.run import runner as R
 from mars_bench.report import load_frames
 from mars_bench.report.docs import provenance
 from mars_bench.report.frames import record_commits
 from mars_bench.report.study import commit_note, flags_commit
-from mars_bench.storage import read_samples
+from mars_bench.store.io import read_samples
 
 from .test_cli import tiny_cfg
 
@@ -69,13 +69,13 @@ def test_a_study_resumed_at_other_code_is_flagged(tmp_path, monkeypatch):
 
     # commits whose decoding code git finds equal (a shard parked, then resumed after a commit to docs): one run's
     # decoding, named without the flag
-    import mars_bench.shards as S
+    import mars_bench.store.provenance as P
 
     for r in recs[2:]:
         r["commit"] = "c" * 40
     samples.write_text("".join(json.dumps(r) + "\n" for r in recs))
     written = {r["commit"] for r in recs}
-    monkeypatch.setattr(S, "same_code", lambda commit, root=None, against=None: {commit, against} <= written)
+    monkeypatch.setattr(P, "same_code", lambda commit, root=None, against=None: {commit, against} <= written)
     table = study_table(load_frames(tmp_path).runs)
     both = ", ".join(sorted(written))
     assert both in set(load_frames(tmp_path).runs["commit"])
@@ -90,18 +90,18 @@ def test_a_row_whose_phases_are_at_different_commits_names_each_phase(monkeypatc
     """A study row joins its quality run and its timed run: at one commit they share one note; at different commits
     each phase's is named, and the row is flagged unless git finds their decoding code equal (humaneval's pack:
     quality at 89e9ad7, resumed and timed at 86fd16f)."""
-    import mars_bench.shards as S
+    import mars_bench.store.provenance as P
     from mars_bench.report.study import phase_commit_notes
 
     a, c = "a" * 40, "c" * 40
     assert phase_commit_notes({"quality": a, "timed": a}) == ([], [commit_note(a)])
     assert phase_commit_notes({"timed": a}) == ([], [commit_note(a)])
     assert phase_commit_notes({"quality": None, "timed": None}) == ([], [commit_note(None)])   # older records
-    monkeypatch.setattr(S, "same_code", lambda commit, root=None, against=None: False)
+    monkeypatch.setattr(P, "same_code", lambda commit, root=None, against=None: False)
     warn, items = phase_commit_notes({"quality": a, "timed": c})
     assert items == [f"quality phase: {commit_note(a)}", f"timed phase: {commit_note(c)}"]
     assert len(warn) == 1 and warn[0].startswith(f"its phases were decoded at different code ({a}; {c})")
-    monkeypatch.setattr(S, "same_code", lambda commit, root=None, against=None: True)
+    monkeypatch.setattr(P, "same_code", lambda commit, root=None, against=None: True)
     assert phase_commit_notes({"quality": a, "timed": c}) == ([], items)
     # a dirty phase is flagged as such, once, whatever git says of the others
     warn, items = phase_commit_notes({"quality": NEW, "timed": c})

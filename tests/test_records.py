@@ -1,4 +1,4 @@
-"""The typed sample record (mars_bench.records.SampleRecord / TurnRecord): samples.jsonl lines round trip with
+"""The typed sample record (mars_bench.store.records.SampleRecord / TurnRecord): samples.jsonl lines round trip with
 today's keys plus record_version, lines written before the version existed still load, and the runner and
 the summary go through it without changing a number."""
 from __future__ import annotations
@@ -9,14 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from mars_bench import metrics as M
-from mars_bench import provenance as P
-from mars_bench import records as R
+from mars_bench.store import metrics as M
+from mars_bench.store import provenance as P
+from mars_bench.store import records as R
 from mars_bench.decode.types import DecodeResult, DecodeStats
-from mars_bench.records import RECORD_VERSION, SampleRecord, TurnRecord
-from mars_bench.sample_writer import SampleWriter
-from mars_bench.storage import read_samples
-from mars_bench.summary import fidelity_vs_ar, run_stats, stop_reasons
+from mars_bench.store.records import RECORD_VERSION, SampleRecord, TurnRecord
+from mars_bench.store.writer import SampleWriter
+from mars_bench.store.io import read_samples
+from mars_bench.store.summary import fidelity_vs_ar, run_stats, stop_reasons
 from mars_bench.stats import StatsSettings
 
 FIX = Path(__file__).parent / "fixtures" / "results" / "worker0" / "toy-pair_fp32_cpu" / "gsm8k-v1"
@@ -43,8 +43,8 @@ def _res(tokens, steps, proposed, accepted, relaxed=()):
 
 
 def _job(interleaved=False):
-    from mars_bench.recordbuild import job_fields
-    from mars_bench.tags import RunSpec
+    from mars_bench.store.recordbuild import job_fields
+    from mars_bench.store.spec import RunSpec
 
     tag = RunSpec("sd", "mars", 0.0, 1.0, 8, 0, k=2, settings={"theta": 0.9})
     return SimpleNamespace(fields=job_fields(tag, SimpleNamespace(name="gsm8k", version=1), "tiny", None, interleaved,
@@ -52,7 +52,7 @@ def _job(interleaved=False):
 
 
 def test_runner_builds_a_versioned_record_with_todays_keys():
-    from mars_bench.recordbuild import sample_record, turn_record
+    from mars_bench.store.recordbuild import sample_record, turn_record
 
     lenient = {"clause": "top2", "pos": 1, "z1": 0.9, "z2": 0.5}
     turns = [turn_record(_res([5, 6, 7], 2, [2, 2], [1, 1], [lenient]), [1, 2, 3], "a b c"),
@@ -134,7 +134,7 @@ def test_sample_writer_takes_a_record(tmp_path):
 
 def test_machine_is_recorded_and_speed_compares_only_within_one_machine():
     from mars_bench import stats as S
-    from mars_bench.summary import run_stats
+    from mars_bench.store.summary import run_stats
 
     here = P.machine()
     assert here["cpu"] and here["threads"] >= 1 and set(here["isa"]) <= set(P.ISA_FLAGS)
@@ -178,9 +178,9 @@ def test_a_summary_over_two_machines_is_current_for_the_report(tmp_path):
     """summary.json's speedup pairs only same-machine samples; the report must read it as current, not restate
     it (a restated summary has no references, so its BLEU tests would be lost)."""
     from mars_bench import stats as S
-    from mars_bench.report.read import RunFiles
+    from mars_bench.store.read import RunFiles
     from mars_bench.report.restate import _current
-    from mars_bench.summary import run_stats
+    from mars_bench.store.summary import run_stats
 
     here = P.machine()
     other = {**here, "threads": here["threads"] + 1}
@@ -206,7 +206,7 @@ def test_a_turn_holds_the_decode_stats_declared_once():
     the turn under its name (z1, z2 rounded); depth_proposed is null on disk for a chain and a list for a tree."""
     from dataclasses import fields
 
-    from mars_bench.recordbuild import turn_record
+    from mars_bench.store.recordbuild import turn_record
 
     stats = [f.name for f in fields(DecodeStats)]
     assert issubclass(TurnRecord, DecodeStats) and issubclass(DecodeResult, DecodeStats)

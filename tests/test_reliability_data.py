@@ -111,6 +111,6 @@ def test_env_data_dir_wins_and_missing_dir_is_one_line(new_user, monkeypatch, tm
 
 
 def test_default_data_dir_is_not_a_machine_layout():
-    from mars_bench.config import Config
+    from mars_bench.config.schema import Config
 
     assert Config().data_dir is None     # null: sibling shared/data when it exists, else the user cache

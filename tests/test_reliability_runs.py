@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench.locking import Claims
-from mars_bench.storage import read_samples
+from mars_bench.base.locking import Claims
+from mars_bench.store.io import read_samples
 
 from . import rundirs
 
@@ -29,7 +29,7 @@ def _run_dir(results: Path, n_new: int, method: str = "mars") -> Path:
 
 
 def _cmd(results: Path, limit: int, n_new: int = 24, *extra: str, args=ARGS) -> list[str]:
-    return [sys.executable, "-m", "mars_bench.run", *extra, *args, f"results_dir={results}", f"limit={limit}",
+    return [sys.executable, "-m", "mars_bench.cli", *extra, *args, f"results_dir={results}", f"limit={limit}",
             f"max_new_tokens={n_new}"]
 
 

@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from mars_bench.errors import ConfigError
-from mars_bench import config as C
-from mars_bench.overrides import check_overrides
-from mars_bench import runner as R
+from mars_bench.base.errors import ConfigError
+from mars_bench.config import schema as C
+from mars_bench.config.overrides import check_overrides
+from mars_bench.run import runner as R
 
 from .conftest import ROOT, data_dir
 
@@ -169,7 +169,7 @@ def test_cli_bad_values_one_line_nothing_written(tmp_path, args):
     env.pop("MARS_BENCH_DATA_DIR", None)
     flags = [a for a in args if a.startswith("-")]
     rest = [a for a in args if not a.startswith("-")]
-    res = subprocess.run([sys.executable, "-m", "mars_bench.run", *flags, "model=tiny", "progress=false", "limit=1",
+    res = subprocess.run([sys.executable, "-m", "mars_bench.cli", *flags, "model=tiny", "progress=false", "limit=1",
                           *([] if any(a.startswith("results_dir") for a in rest) else [f"results_dir={tmp_path}/r"]),
                           *rest], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
@@ -180,7 +180,7 @@ def test_cli_bad_values_one_line_nothing_written(tmp_path, args):
 
 def test_cli_unicode_and_dotdot_paths_run(tmp_path):
     (tmp_path / "a").mkdir()
-    res = subprocess.run([sys.executable, "-m", "mars_bench.run", "model=tiny", "progress=false", "limit=1",
+    res = subprocess.run([sys.executable, "-m", "mars_bench.cli", "model=tiny", "progress=false", "limit=1",
                           "max_new_tokens=4", "results_dir='../résultats 日本'"], cwd=tmp_path / "a",
                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]

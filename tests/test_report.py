@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench import metrics as M
+from mars_bench.store import metrics as M
 from mars_bench import stats as S
-from mars_bench.report import all_tables, load_frames, main, make_figures
+from mars_bench.cli.report import main
+from mars_bench.report import all_tables, load_frames, make_figures
 from mars_bench.report.columns import paired_test, val
 from mars_bench.report.logits import r_values
 
@@ -311,7 +312,7 @@ def test_notebook_executes_on_fixture(tmp_path):
 
 
 def test_parse_run_tags():
-    from mars_bench.tags import RunSpec
+    from mars_bench.store.spec import RunSpec
 
     t = RunSpec.parse("mars-k4-th0.9-T0-p1-n32-s0")
     assert (t.scheme, t.rule, t.k, t.settings["theta"], t.temperature, t.top_p, t.max_new_tokens, t.seed) == \
@@ -335,7 +336,7 @@ def test_parse_run_tags():
     "sd+typical-k4-eps0.09-al0.3-T0.7-p0.9-n8-s1", "mars-k4-th0.9-margin-nucleusallow-T1-p0.8-n8-s0",
     "sd-k4-pmin0.75-draftint8-T0-p1-n8-s0", "eagle3_mars-d5-w4-t16-th0.9-T0-p1-n8-s0"])
 def test_run_tags_round_trip(tag):
-    from mars_bench.tags import RunSpec
+    from mars_bench.store.spec import RunSpec
 
     assert RunSpec.parse(tag).label == tag
 

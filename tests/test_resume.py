@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from mars_bench.storage import read_samples
-from mars_bench.tags import read_spec
+from mars_bench.store.io import read_samples
+from mars_bench.store.spec import read_spec
 
 from .rundirs import run_dir
 
@@ -26,7 +26,7 @@ def _run_dir(results: Path) -> Path:
 
 
 def _cmd(results: Path, limit: int = N) -> list[str]:
-    return [sys.executable, "-m", "mars_bench.run", *ARGS, f"results_dir={results}", f"limit={limit}"]
+    return [sys.executable, "-m", "mars_bench.cli", *ARGS, f"results_dir={results}", f"limit={limit}"]
 
 
 def _env() -> dict:

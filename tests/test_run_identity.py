@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mars_bench.errors import ConfigError
-from mars_bench import runner as R
+from mars_bench.base.errors import ConfigError
+from mars_bench.run import runner as R
 from mars_bench.models import identity as I
-from mars_bench.tags import SPEC_FILE, RunSpec, read_spec
+from mars_bench.store.spec import SPEC_FILE, RunSpec, read_spec
 
 from .test_cli import tiny_cfg
 

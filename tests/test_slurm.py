@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench.storage import read_samples
-from mars_bench.tags import read_spec
+from mars_bench.store.io import read_samples
+from mars_bench.store.spec import read_spec
 
 from .slurm_cluster import MissingBinaries, local_cluster
 
@@ -59,7 +59,7 @@ def _env(extra: dict | None = None) -> dict:
 
 def _cmd(results: Path, *extra: str, launcher: str | None = "slurm_local") -> list[str]:
     hydra = [f"hydra/launcher={launcher}"] if launcher else []
-    return [sys.executable, "-m", "mars_bench.run", "-m", *hydra, *SWEEP, *extra, f"results_dir={results}"]
+    return [sys.executable, "-m", "mars_bench.cli", "-m", *hydra, *SWEEP, *extra, f"results_dir={results}"]
 
 
 def _sweep(results: Path, env: dict, *extra: str, launcher: str | None = "slurm_local") -> subprocess.CompletedProcess:
@@ -102,7 +102,7 @@ def _once_each(records: dict[str, list[dict]]) -> None:
 
 def _tables(results: Path) -> dict[str, list[dict]]:
     """The report's CSV tables without their timing columns."""
-    from mars_bench.report import main
+    from mars_bench.cli.report import main
 
     assert main([str(results), "--no-figures"]) == 0
     out = {}
@@ -234,7 +234,7 @@ def test_the_launcher_plugin_is_found_and_a_refusal_is_one_line():
     from hydra.plugins.launcher import Launcher
     from submitit.core.utils import FailedJobError
 
-    from mars_bench.slurm import _HideSbatchErrors, message, refusal
+    from mars_bench.run.slurm import _HideSbatchErrors, message, refusal
 
     assert "hydra_plugins.mars_bench_slurm.SlurmLauncher" in {f"{p.__module__}.{p.__name__}"
                                                               for p in Plugins.instance().discover(Launcher)}

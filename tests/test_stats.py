@@ -11,6 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 from scipy.stats import binomtest, norm
 
+from mars_bench.config.spec import spec_of
+from mars_bench.config.settings import draft_quant_of
 from mars_bench import stats as S
 
 FAST = S.StatsSettings(n_boot=1000)
@@ -179,15 +181,15 @@ def test_settings_defaults_and_bad_values():
 def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
     """model=tiny through the Hydra entry's run(): summary.json carries lo / hi / p_value / mde / n, the sd
     comparison (sd_dir) and stop-reason shares; W&B gets them; the report prints them without recomputing."""
-    from mars_bench import runner as R
-    from mars_bench.tags import RunSpec
+    from mars_bench.run import runner as R
+    from mars_bench.store.spec import RunSpec
 
     def run_tag(cfg, n):
-        return RunSpec.from_config(cfg, n).dir_name
+        return spec_of(cfg, n).dir_name
     from mars_bench.report import all_tables, load_frames
     from mars_bench.report.columns import paired_columns, val
-    from mars_bench.summary import summarize_run
-    from mars_bench.wandb_logger import summary_values
+    from mars_bench.store.summary import summarize_run
+    from mars_bench.run.wandb_logger import summary_values
 
     from .test_cli import tiny_cfg
 
@@ -198,7 +200,8 @@ def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
     task, samples, data_dir, max_new, task_dir = R.prepare(cfg)
     cfg_sd = tiny_cfg(tmp_path, "method=sd", *extra)
     s = summarize_run(task_dir / run_tag(cfg, max_new), task, samples, cfg, data_dir,
-                      ar_dir=task_dir / RunSpec.from_config(cfg, max_new).baseline().dir_name, sd_dir=task_dir / run_tag(cfg_sd, max_new))
+                      ar_dir=task_dir / spec_of(cfg, max_new).baseline().dir_name, sd_dir=task_dir / run_tag(cfg_sd, max_new),
+                      draft_quant=draft_quant_of(cfg))
     on_disk = json.loads((task_dir / run_tag(cfg, max_new) / "summary.json").read_text())
     st = on_disk["stats"]
     assert st["settings"]["n_boot"] == 500                       # cfg.stats reached the module

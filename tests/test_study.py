@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 from mars_bench.report import load_frames
-from mars_bench.report import main as report_main
+from mars_bench.cli.report import main as report_main
 from mars_bench.report.frames import study_groups
-from mars_bench.report.pack import pack
+from mars_bench.store.pack import pack
 from mars_bench.report.tables import study_table
-from mars_bench.study_mode import identity_problem
+from mars_bench.run.study import identity_problem
 
 from .test_interleaved import cli
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mars_bench.report import load_frames
-from mars_bench.report.pack import unpacked
+from mars_bench.store.pack import unpacked
 from mars_bench.report.tables import study_table
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mars_bench.report import load_frames
-from mars_bench.report.pack import unpacked
+from mars_bench.store.pack import unpacked
 from mars_bench.report.study import study_table
 from mars_bench.report.tables import TRUNCATION_LIMIT
 

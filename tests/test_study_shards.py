@@ -1,4 +1,4 @@
-"""`make reproduce-full` in shards (mars_bench/shards.py), on a 2-shard mini study of the tiny pair: one shard
+"""`make reproduce-full` in shards (mars_bench/run/shards.py), on a 2-shard mini study of the tiny pair: one shard
 killed mid-run and resumed ends with exactly the samples (ids, phases, tokens) of an uninterrupted run; each
 shard writes its own pack; the report reads any set of packs and names the shards missing; a dirty tree is
 refused unless allowed; a shard parked on one machine resumes on a fresh one only at the same decoding code on the
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench import shards as S
+from mars_bench.run import shards as S
 from mars_bench.report import write_report
 
 from .conftest import data_dir
@@ -80,15 +80,11 @@ def test_interrupted_shards_end_with_the_samples_of_an_uninterrupted_run(tmp_pat
     before = resumed["a"].read_bytes()
     assert S.run_shard("a", MINI, cut / "runs", cut / "packs", cwd=ROOT).read_bytes() == before
 
-    # the report reads any set of packs and names the shards missing (this registry's names)
-    import mars_bench.shards as mod
-    orig = mod.SHARDS
-    mod.SHARDS = MINI
-    try:
-        one = write_report([resumed["a"]], tmp_path / "rep1", figures=False)
-        both = write_report(list(resumed.values()), tmp_path / "rep2", figures=False)
-    finally:
-        mod.SHARDS = orig
+    # the report reads any set of packs and names the shards missing, as the plan (here MINI) tells its caller
+    one = write_report([resumed["a"]], tmp_path / "rep1", figures=False,
+                       missing_shards=S.missing([resumed["a"]], MINI))
+    both = write_report(list(resumed.values()), tmp_path / "rep2", figures=False,
+                        missing_shards=S.missing(list(resumed.values()), MINI))
     assert one["missing_shards"] == ["b"] and "Shards missing: b" in (tmp_path / "rep1" / "report.md").read_text()
     assert both["missing_shards"] == [] and set(both["frames"].runs["task"]) == {"gsm8k", "prompts"}
 
@@ -147,12 +143,12 @@ def test_same_code_ignores_reports_and_docs_only(tmp_path, monkeypatch):
 
     git("init", "-q")
     git("config", "user.email", "t@t"), git("config", "user.name", "t")
-    for f in ("mars_bench/decode/engine.py", "mars_bench/report/tables.py", "mars_bench/shards.py", "docs/x.md"):
+    for f in ("mars_bench/decode/engine.py", "mars_bench/report/tables.py", "mars_bench/run/shards.py", "docs/x.md"):
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text("a\n")
     git("add", "-A"), git("commit", "-qm", "one")
     first = git("rev-parse", "HEAD")
-    for f in ("mars_bench/report/tables.py", "mars_bench/shards.py", "docs/x.md"):
+    for f in ("mars_bench/report/tables.py", "mars_bench/run/shards.py", "docs/x.md"):
         (tmp_path / f).write_text("b\n")
     git("commit", "-qam", "two")
     second = git("rev-parse", "HEAD")
@@ -182,7 +178,7 @@ def test_missing_is_none_outside_a_sharded_study():
 
 
 def test_a_dirty_tree_is_refused_unless_allowed(monkeypatch, capsys):
-    import mars_bench.provenance as P
+    import mars_bench.store.provenance as P
 
     monkeypatch.setattr(P, "git_commit", lambda: "abc1234+dirty")
     with pytest.raises(S.DirtyTree, match=r"abc1234\+dirty.*--allow-dirty"):
@@ -207,7 +203,7 @@ def test_every_shard_fits_two_hours_on_the_machine_that_timed_the_study():
 def hydra_ctx():
     from hydra import initialize_config_dir
 
-    from mars_bench import config as C
+    from mars_bench.config import schema as C
 
     C.register()
     with initialize_config_dir(config_dir=str(ROOT / "mars_bench" / "conf"), version_base="1.3"):
@@ -220,7 +216,7 @@ def test_every_shard_command_composes_and_validates(hydra_ctx, name):
     entry included, before anyone spends hours on it."""
     from hydra import compose
 
-    from mars_bench.validation import validate, validate_study
+    from mars_bench.config.validation import validate, validate_study
 
     for args in S.SHARDS[name].commands:
         cfg = compose("config", overrides=list(args))

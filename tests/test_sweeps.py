@@ -13,9 +13,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from mars_bench import config as C
-from mars_bench.validation import validate
-from mars_bench.tags import read_spec
+from mars_bench.config.spec import spec_of
+from mars_bench.config import schema as C
+from mars_bench.config.validation import validate
+from mars_bench.store.spec import read_spec
 
 from .rundirs import find_run
 
@@ -27,7 +28,7 @@ TINY = ["model=tiny", "progress=false"]
 
 def mars_bench(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "MARS_BENCH_DATA_DIR": str(DATA), "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, "-m", "mars_bench.run", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "mars_bench.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -84,7 +85,7 @@ def test_paper_model_configs(hydra_ctx):
 
 @pytest.mark.parametrize("override", sorted(SWEEP_JOBS))
 def test_every_sweep_job_validates(hydra_ctx, override, monkeypatch):
-    from mars_bench.callbacks import sweep_jobs, validate_sweep
+    from mars_bench.run.callbacks import sweep_jobs, validate_sweep
 
     monkeypatch.setenv("MARS_BENCH_DATA_DIR", str(DATA))
     cfg = compose("config", overrides=[override], return_hydra_config=True)
@@ -139,7 +140,7 @@ def test_theta_multirun_and_baseline_reuse(tmp_path):
     for tag in tags[1:]:
         s = json.loads((find_run(task_dir, tag) / "summary.json").read_text())
         assert s["totals"]["n_samples"] == 2 and s["speedup"]["n_common"] == 2    # ar existed
-    from mars_bench.report import main
+    from mars_bench.cli.report import main
 
     assert main([str(results)]) == 0
     rep = results / "report"
@@ -163,7 +164,7 @@ def test_submitit_local_launcher(tmp_path):
 
 
 def test_loggers(tmp_path, monkeypatch):
-    from mars_bench.wandb_logger import NoopLogger, make_logger, sweep_group
+    from mars_bench.run.wandb_logger import NoopLogger, make_logger, sweep_group
 
     assert isinstance(make_logger(OmegaConf.create({"name": "none"}), tmp_path), NoopLogger)
     with pytest.raises(ValueError, match="logger.name='x'"):
@@ -194,7 +195,7 @@ def test_loggers(tmp_path, monkeypatch):
 def test_every_compare_entry_composes_and_validates(hydra_ctx, override):
     """Each entry of an interleaved comparison is a job of its own: it must compose and validate, and
     no two entries may name the same run directory."""
-    from mars_bench.tags import RunSpec
+    from mars_bench.store.spec import RunSpec
 
     base = compose("config", overrides=[override])
     assert len(base.interleave) >= 3
@@ -202,7 +203,7 @@ def test_every_compare_entry_composes_and_validates(hydra_ctx, override):
     for entry in base.interleave:
         cfg = compose("config", overrides=[override, *entry])
         validate(cfg)
-        tags.append(RunSpec.from_config(cfg, 64).dir_name)
+        tags.append(spec_of(cfg, 64).dir_name)
     assert len(set(tags)) == len(tags) and tags[0].startswith("ar-")
 
 

@@ -1,4 +1,4 @@
-"""Run specs (mars_bench.tags): run.json round trips exactly, directories are named <label>@<digest> with a
+"""Run specs (mars_bench.store.spec): run.json round trips exactly, directories are named <label>@<digest> with a
 digest that tells apart settings the label rounds and is the same in every process, legacy directories (no
 run.json) are still read by name, and the runner writes run.json before the first sample."""
 from __future__ import annotations
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench import runner as R
-from mars_bench.sample_writer import SampleWriter
-from mars_bench.tags import SPEC_FILE, SPEC_VERSION, RunSpec, read_spec, write_spec
+from mars_bench.config.spec import spec_of
+from mars_bench.run import runner as R
+from mars_bench.store.writer import SampleWriter
+from mars_bench.store.spec import SPEC_FILE, SPEC_VERSION, RunSpec, read_spec, write_spec
 
 from .test_cli import tiny_cfg
 
@@ -31,7 +32,7 @@ def _json_round_trip(spec: RunSpec) -> RunSpec:
 
 
 def test_theta_past_six_digits_gets_its_own_directory_and_round_trips_exactly(tmp_path):
-    a, b = (RunSpec.from_config(tiny_cfg(tmp_path, "method=mars", f"method.theta={t}"), 24)
+    a, b = (spec_of(tiny_cfg(tmp_path, "method=mars", f"method.theta={t}"), 24)
             for t in ("0.9", "0.9000001"))
     assert a.label == b.label == "mars-k4-th0.9-T0-p1-n24-s0"          # the label rounds to 6 digits
     assert a.dir_name != b.dir_name and a.digest != b.digest
@@ -66,7 +67,7 @@ def test_equal_settings_of_other_python_types_share_a_directory():
     assert a == b and a.dir_name == b.dir_name and isinstance(a.settings["theta"], float)
 
 
-_PRINT_NAMES = ("import json, sys; from mars_bench.tags import RunSpec; "
+_PRINT_NAMES = ("import json, sys; from mars_bench.store.spec import RunSpec; "
                 "print(json.dumps([RunSpec.parse(n).dir_name for n in json.loads(sys.argv[1])]))")
 
 
@@ -117,7 +118,7 @@ def test_legacy_directory_without_run_json_is_read_by_its_name(tmp_path):
 
 
 def test_run_json_wins_over_the_name_and_a_bad_one_names_its_path(tmp_path):
-    spec = RunSpec.from_config(tiny_cfg(tmp_path, "method=mars", "method.theta=0.9000001"), 24)
+    spec = spec_of(tiny_cfg(tmp_path, "method=mars", "method.theta=0.9000001"), 24)
     run = tmp_path / "mars-k4-th0.9-T0-p1-n24-s0"                      # a legacy-looking name
     write_spec(run, spec)
     assert read_spec(run) == spec and read_spec(run).settings["theta"] == 0.9000001
@@ -153,7 +154,7 @@ def test_run_json_is_written_before_the_first_sample_and_a_rerun_resumes(tmp_pat
     first = R.run(cfg)
     run = Path(first["run_dir"])
     assert seen == [True, True]
-    spec = RunSpec.from_config(cfg, 8)
+    spec = spec_of(cfg, 8)
     assert run.name == spec.dir_name and read_spec(run) == spec
     assert json.loads((run / SPEC_FILE).read_text())["settings"]["theta"] == 0.9000001
     assert first["method"] == "mars" and first["lossless"] is False     # summary read the spec from run.json

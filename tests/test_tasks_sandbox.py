@@ -257,7 +257,7 @@ def test_humaneval_refuses_at_load_without_a_containing_sandbox(tmp_path):
     env = {**os.environ, "PATH": str(tmp_path / "empty-bin"), "MARS_BENCH_DATA_DIR": str(data_dir()),
            "OMP_NUM_THREADS": "1"}
     env.pop("MARS_BENCH_SANDBOX", None)
-    res = subprocess.run([sys.executable, "-m", "mars_bench.run", "model=tiny", "task=humaneval", "limit=1",
+    res = subprocess.run([sys.executable, "-m", "mars_bench.cli", "model=tiny", "task=humaneval", "limit=1",
                           f"results_dir={tmp_path / 'r'}", "progress=false"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr[-2000:]

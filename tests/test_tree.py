@@ -10,8 +10,8 @@ from mars_bench.models.adapter import CausalLMAdapter
 from mars_bench.decode.tree import DraftTree, TreeSpec, additive_mask
 from mars_bench.decode.tree.build import _Pool
 from mars_bench.decode.engine import Batch, Request
-from mars_bench.metrics import acceptance_per_depth
-from mars_bench.records import SampleRecord
+from mars_bench.store.metrics import acceptance_per_depth
+from mars_bench.store.records import SampleRecord
 from mars_bench.decode.generate import generate as generate_tree
 
 from .conftest import EOS, MAX_NEW

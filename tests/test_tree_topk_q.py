@@ -4,11 +4,12 @@ paper_trees experiment that uses it. The distributional checks are in test_tree_
 import pytest
 from hydra import compose, initialize_config_dir
 
-from mars_bench.errors import ConfigError
-from mars_bench import config as C
-from mars_bench.validation import validate
-from mars_bench import runner as R
-from mars_bench.tags import RunSpec
+from mars_bench.config.spec import spec_of
+from mars_bench.base.errors import ConfigError
+from mars_bench.config import schema as C
+from mars_bench.config.validation import validate
+from mars_bench.run import runner as R
+from mars_bench.store.spec import RunSpec
 
 from .conftest import ROOT, data_dir
 
@@ -45,9 +46,9 @@ def test_tag_of_a_config_shows_qdraft_only_where_it_changes_outputs(temperature,
     cfg = cfg_of("model=tiny", "method=mars_tree", "method.topk_q=draft", f"temperature={temperature}",
                  f"method.children={children}")
     validate(cfg)
-    name = RunSpec.from_config(cfg, 8).label
+    name = spec_of(cfg, 8).label
     assert ("-qdraft-" in name) == part
-    assert "-qdraft-" not in RunSpec.from_config(cfg_of("model=tiny", "method=mars_tree", f"temperature={temperature}"),
+    assert "-qdraft-" not in spec_of(cfg_of("model=tiny", "method=mars_tree", f"temperature={temperature}"),
                                                 8).label
 
 
@@ -75,7 +76,7 @@ def test_paper_trees_experiment_entries(temperature):
     for entry in entries:
         v = cfg_of(*base, *entry)
         validate(v)
-        tags.append(RunSpec.from_config(v, 256))
+        tags.append(spec_of(v, 256))
     names = [t.label for t in tags]
     assert len(set(names)) == len(names)
     spec = [t for t in tags if t.scheme != "ar"]

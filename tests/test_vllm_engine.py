@@ -20,7 +20,7 @@ TINY = ("model=tiny", f"limit={N}", f"max_new_tokens={MAX_NEW}")
 def cfg_of(tmp, *overrides, base=TINY):
     from hydra import compose, initialize_config_dir
 
-    from mars_bench import config as C
+    from mars_bench.config import schema as C
 
     C.register()
     with initialize_config_dir(config_dir=str(ROOT / "mars_bench" / "conf"), version_base="1.3"):
@@ -32,8 +32,8 @@ def cfg_of(tmp, *overrides, base=TINY):
 def context(tmp, base=TINY):
     """(models, run): one engine=vllm ``Models`` for the pair of ``base``; ``run(name, *overrides)`` decodes the
     run's samples once per name and returns their records by sample id."""
-    from mars_bench.decode_settings import method_of
-    from mars_bench.runner import Job, Models
+    from mars_bench.config.settings import method_of
+    from mars_bench.run.runner import Job, Models
 
     held = [method_of(cfg_of(tmp, f"method={m}", base=base)) for m in ("ar", "sd")]   # mars shares sd's LLM
     models = Models(cfg_of(tmp, "method=sd", base=base), held)
@@ -170,7 +170,7 @@ def test_sampled_mars_relaxations_obey_the_rule_and_strict_is_exact(ctx):
 def test_vllm_ar_against_the_native_engine(ctx, tmp_path):
     """Where vLLM's greedy ar and the native engine's differ (same weights, loaded from the same directory), each
     divergence is a near-tie of the target's logits, never a large gap."""
-    from mars_bench.runner import Job, Models
+    from mars_bench.run.runner import Job, Models
 
     models, run = ctx
     ar = run("ar", "method=ar")

@@ -6,14 +6,15 @@ import json
 
 import pytest
 
-from mars_bench.engines import vllm as engine_vllm
+from mars_bench.config.spec import spec_of
+from mars_bench.engines.vllm import engine as engine_vllm
 from mars_bench.models import tiny
 
 
 def _cfg(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from mars_bench import config as C
+    from mars_bench.config import schema as C
 
     from .conftest import ROOT
 
@@ -23,17 +24,17 @@ def _cfg(*overrides):
 
 
 def _spec(*overrides):
-    from mars_bench.validation import validate
-    from mars_bench.tags import RunSpec
+    from mars_bench.config.validation import validate
+    from mars_bench.store.spec import RunSpec
 
     cfg = _cfg(*overrides)
     validate(cfg)
-    return RunSpec.from_config(cfg, 32)
+    return spec_of(cfg, 32)
 
 
 @pytest.fixture(autouse=True)
 def _vllm_version(monkeypatch):
-    from mars_bench.engines import vllm_compat
+    from mars_bench.engines.vllm import compat as vllm_compat
 
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.32.0+cpu")
 

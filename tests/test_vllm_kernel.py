@@ -20,7 +20,7 @@ def patched(tmp_path_factory):
     from vllm.platforms import current_platform
     from vllm.v1.sample import rejection_sampler as rs
 
-    from mars_bench.engines import vllm_compat, vllm_plugin
+    from mars_bench.engines.vllm import compat as vllm_compat, plugin as vllm_plugin
 
     current_platform.register_triton_kernel_overrides()
     vllm_compat.install(vllm_plugin.step)
@@ -101,7 +101,7 @@ def test_only_tensor_parallel_rank_0_writes_the_audit(patched, tmp_path, monkeyp
     """Every tensor-parallel rank verifies the same step: one audit line per request and step, from rank 0."""
     from vllm.distributed import parallel_state
 
-    from mars_bench.engines import vllm_plugin
+    from mars_bench.engines.vllm import plugin as vllm_plugin
 
     rs, local = patched
     monkeypatch.setenv(vllm_plugin.AUDIT, str(tmp_path))
@@ -127,7 +127,7 @@ def test_vllms_ray_executor_would_copy_the_plugins_variables(tmp_path):
     import subprocess
     import sys
 
-    from mars_bench.engines import vllm_compat
+    from mars_bench.engines.vllm import compat as vllm_compat
 
     env = vllm_compat.carried_to_workers({"MARS_BENCH_VLLM_PLUGIN": "1", "MARS_BENCH_VLLM_AUDIT": str(tmp_path)})
     code = "from vllm.ray.ray_env import get_env_vars_to_copy as g; print(','.join(sorted(g())))"

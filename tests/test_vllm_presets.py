@@ -6,11 +6,11 @@ per GPU (public parameter counts) within 90% of each LLM's share of ``engine.gpu
 import pytest
 from hydra import compose, initialize_config_dir
 
-from mars_bench import config as C
+from mars_bench.config import schema as C
 from mars_bench import engines
-from mars_bench.decode_settings import method_of
-from mars_bench.engines import vllm, vllm_compat
-from mars_bench.validation import validate
+from mars_bench.config.settings import method_of
+from mars_bench.engines.vllm import engine as vllm, compat as vllm_compat
+from mars_bench.config.validation import validate
 
 from .conftest import ROOT
 

@@ -1,4 +1,4 @@
-"""The rule registry inside vLLM's verification (mars_bench/engines/verify.py), on CPU tensors, without vLLM.
+"""The rule registry inside vLLM's verification (mars_bench/engines/vllm/verify.py), on CPU tensors, without vLLM.
 
 vLLM's chain kernel is emulated here (``kernel``: its greedy and random paths as vllm/v1/sample/rejection_sampler.py
 0.32 writes them, including the residual draw of the recovered token). The plugin's path = ``decide`` + ``rewrite`` +
@@ -14,9 +14,10 @@ import pytest
 import torch
 from scipy.stats import binomtest, chisquare
 
-from mars_bench.errors import ConfigError
+from mars_bench.config.spec import spec_of
+from mars_bench.base.errors import ConfigError
 from mars_bench.decode import rules, sampling
-from mars_bench.engines import verify
+from mars_bench.engines.vllm import verify
 
 from .test_mars_sampled import P, Q, Z, analytic, committed_law
 
@@ -199,7 +200,7 @@ def test_sampled_acceptance_and_first_token_law_match_the_analytic_ones(theta, s
 def _cfg(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from mars_bench import config as C
+    from mars_bench.config import schema as C
 
     from .conftest import ROOT
 
@@ -211,14 +212,14 @@ def _cfg(*overrides):
 def _validate(cfg):
     """What the runner checks before a job: the schema (validation.validate), then the engine (engines.validate)."""
     from mars_bench import engines
-    from mars_bench.validation import validate
+    from mars_bench.config.validation import validate
 
     validate(cfg)
     engines.validate(cfg)
 
 
 def test_engine_vllm_without_vllm_names_the_install_command(monkeypatch):
-    from mars_bench.engines import vllm_compat
+    from mars_bench.engines.vllm import compat as vllm_compat
 
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: None)
     with pytest.raises(ConfigError, match=r"^engine=vllm needs vLLM.*install it with: .*\.ci/vllm\.sh") as e:
@@ -244,7 +245,7 @@ def test_engine_vllm_without_vllm_names_the_install_command(monkeypatch):
     (["method=sd", "engine.gpu_memory_utilization=1.5"], r"engine.gpu_memory_utilization=1.5; allowed: a number in"),
 ])
 def test_engine_vllm_refuses_what_vllm_cannot_run(monkeypatch, overrides, needle):
-    from mars_bench.engines import vllm_compat
+    from mars_bench.engines.vllm import compat as vllm_compat
 
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.32.0+cpu")
     with pytest.raises(ConfigError, match=needle) as e:
@@ -256,7 +257,7 @@ def test_engine_vllm_refuses_more_ranks_than_gpus_on_one_node_with_mp(monkeypatc
     """With the backend set explicitly vLLM skips its own count of the visible GPUs: mp (one node) is checked here."""
     import torch
 
-    from mars_bench.engines import vllm_compat
+    from mars_bench.engines.vllm import compat as vllm_compat
 
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.32.0")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -270,18 +271,18 @@ def test_engine_vllm_refuses_more_ranks_than_gpus_on_one_node_with_mp(monkeypatc
 
 
 def test_engine_vllm_accepts_chains_and_records_the_version(monkeypatch):
-    from mars_bench.engines import vllm_compat
-    from mars_bench.tags import RunSpec
+    from mars_bench.engines.vllm import compat as vllm_compat
+    from mars_bench.store.spec import RunSpec
 
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.32.0+cpu")
     for method in ("ar", "sd", "mars", "lookup"):
         cfg = _cfg(f"method={method}")
         _validate(cfg)
-        spec = RunSpec.from_config(cfg, 32)
+        spec = spec_of(cfg, 32)
         assert (spec.engine, spec.engine_version) == ("vllm", "0.32.0+cpu")
         native = _cfg(f"method={method}", "engine=native")
         _validate(native)
-        assert RunSpec.from_config(native, 32).dir_name != spec.dir_name   # never one directory
+        assert spec_of(native, 32).dir_name != spec.dir_name   # never one directory
 
 
 def test_vllms_own_refusal_comes_back_in_one_line(monkeypatch, tmp_path):
@@ -290,7 +291,7 @@ def test_vllms_own_refusal_comes_back_in_one_line(monkeypatch, tmp_path):
     import sys
     import types
 
-    from mars_bench.engines import vllm, vllm_compat
+    from mars_bench.engines.vllm import engine as vllm, compat as vllm_compat
 
     message = ("World size (4) is larger than the number of available GPUs (1) in this node. If this is "
                "intentional and you are using:\n- ray, set '--distributed-executor-backend ray'.\n- multiprocessing, "
@@ -314,7 +315,7 @@ def test_the_plugin_is_vllms_entry_point_and_idle_unless_asked(monkeypatch):
     the harness set MARS_BENCH_VLLM_PLUGIN=1 (an installed mars-bench leaves a user's other vLLM runs alone)."""
     from importlib.metadata import entry_points
 
-    from mars_bench.engines import vllm_compat, vllm_plugin
+    from mars_bench.engines.vllm import compat as vllm_compat, plugin as vllm_plugin
 
     (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "mars_bench"]
     assert ep.load() is vllm_plugin.register
@@ -340,7 +341,7 @@ def test_the_plugins_switch_and_audit_folder_reach_ray_workers(monkeypatch, tmp_
     import sys
     import types
 
-    from mars_bench.engines import vllm, vllm_compat
+    from mars_bench.engines.vllm import engine as vllm, compat as vllm_compat
 
     seen = {}
 
@@ -372,8 +373,8 @@ def test_the_llms_a_run_holds_share_the_configured_memory(monkeypatch, tmp_path,
     import sys
     import types
 
-    from mars_bench.decode_settings import method_of
-    from mars_bench.engines import vllm, vllm_compat
+    from mars_bench.config.settings import method_of
+    from mars_bench.engines.vllm import engine as vllm, compat as vllm_compat
 
     built = []
 

@@ -1,6 +1,6 @@
 """Hydra plugin: the SLURM launcher of ``hydra/launcher=slurm`` (Hydra instantiates launchers only from the
 ``hydra_plugins`` package). It is hydra-submitit-launcher's, with SLURM's refusals said in one line
-(``mars_bench.slurm``). Defined only where hydra-submitit-launcher is installed (``pip install
+(``mars_bench.run.slurm``). Defined only where hydra-submitit-launcher is installed (``pip install
 'mars-bench[slurm]'``); without it Hydra's scan finds nothing here instead of warning on every run."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ if _SubmititSlurmLauncher is not None:
         """``conf/hydra/launcher/slurm.yaml``: a refused submission ends the multirun with one line, exit 2."""
 
         def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
-            from mars_bench.slurm import refusals_in_one_line
+            from mars_bench.run.slurm import refusals_in_one_line
 
             with refusals_in_one_line(self.params):
                 return super().launch(job_overrides, initial_job_idx)

@@ -10,5 +10,5 @@
   drafters/    the LM drafter and the EAGLE-3 head (tree proposers)
   generate.py  entry points: generate (one prompt), generate_batch
 """
-from .generate import generate, generate_batch  # noqa: F401
-from .types import DecodeConfig, DecodeResult, Method, Stopper  # noqa: F401
+from mars_bench.decode.generate import generate, generate_batch  # noqa: F401
+from mars_bench.decode.types import DecodeConfig, DecodeResult, Method, Stopper  # noqa: F401

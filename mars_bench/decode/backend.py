@@ -93,7 +93,7 @@ def as_backend(model) -> Backend | None:
 def tree_inputs(tree, base: int, device, model=None) -> dict:
     """``forward`` keywords scoring a draft tree's tokens after ``base`` cached ones on a single sequence:
     a 4-D additive mask (committed prefix, ancestors, itself) and position ids base + depth."""
-    from .tree.mask import additive_mask, ancestors
+    from mars_bench.decode.tree.mask import additive_mask, ancestors
 
     anc = ancestors(tree.parents, device, tree.max_depth)
     allowed = torch.cat([torch.ones(len(tree.tokens), base, dtype=torch.bool, device=device), anc], 1)

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .drafters.eagle3 import load_eagle3_drafter
-from .proposers.chain import LMChain
-from .proposers.lookup import PromptLookup
-from .proposers.tree import TreeProposer
+from mars_bench.decode.drafters.eagle3 import load_eagle3_drafter
+from mars_bench.decode.proposers.chain import LMChain
+from mars_bench.decode.proposers.lookup import PromptLookup
+from mars_bench.decode.proposers.tree import TreeProposer
 
 
 @dataclass(frozen=True)

@@ -39,12 +39,12 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from . import sampling
-from .backend import as_backend
-from .proposers.factory import make_proposer
-from .rules import get_rule, verify_chain
-from .tree.verify import verify_greedy, verify_sampled
-from .types import DecodeConfig, DecodeResult, Method, Stopper
+from mars_bench.decode import sampling
+from mars_bench.decode.backend import as_backend
+from mars_bench.decode.proposers.factory import make_proposer
+from mars_bench.decode.rules import get_rule, verify_chain
+from mars_bench.decode.tree.verify import verify_greedy, verify_sampled
+from mars_bench.decode.types import DecodeConfig, DecodeResult, Method, Stopper
 
 
 @dataclass

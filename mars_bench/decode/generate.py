@@ -2,8 +2,8 @@
 (``generate_batch``)."""
 from __future__ import annotations
 
-from .engine import BatchResult, Request, decode
-from .types import DecodeConfig, DecodeResult, Method
+from mars_bench.decode.engine import BatchResult, Request, decode
+from mars_bench.decode.types import DecodeConfig, DecodeResult, Method
 
 
 def generate(target, draft, tokenizer, prompt: list[int], method: Method, cfg: DecodeConfig,

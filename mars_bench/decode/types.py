@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .drafting import SCHEMES, Scheme, scheme_of
+from mars_bench.decode.drafting import SCHEMES, Scheme, scheme_of
 
 PRESETS = {"mars": ("sd", "mars"), "mars_tree": ("sd_tree", "mars"), "eagle3_mars": ("eagle3", "mars")}
 DEFAULT_K = 4                          # chains: most drafts per step (the schema's default too)

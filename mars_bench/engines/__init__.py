@@ -35,7 +35,7 @@ def validate(cfg: Any) -> None:
     """What the chosen engine can run, after ``validation.validate`` (one-line ``ConfigError``): native runs
     everything the schema allows; another engine refuses what it cannot run (its ``check``), which also returns
     its version, recorded in ``engine.version``."""
-    from ..errors import ConfigError
+    from mars_bench.base.errors import ConfigError
 
     e = cfg.get("engine")
     if e is None or e.name == NATIVE:

@@ -38,8 +38,8 @@ import time
 
 import torch
 
-from ..decode.backend import Backend, SequenceModel
-from ..decode.tree.mask import additive, ancestors
+from mars_bench.decode.backend import Backend, SequenceModel
+from mars_bench.decode.tree.mask import additive, ancestors
 
 FIXED_MIN = 256          # fixed shapes: the narrowest cache view a batched forward attends over
 FUSED_MAX = 32           # single-sequence forwards of at most this many tokens take the fused path (not prefill)
@@ -65,7 +65,7 @@ class BatchCacheMixin(Backend):
 
     @torch.inference_mode()
     def batch_reset(self, rows: int) -> None:
-        from .kvcache import RowCache
+        from mars_bench.models.kvcache import RowCache
 
         self.bcache = RowCache(config=self.model.config)
         self.blens: list[int] = [0] * rows       # committed tokens per row: its columns 0 .. len - 1
@@ -270,7 +270,7 @@ class BatchCacheMixin(Backend):
         """Columns a batch row's cache may take for ``tokens`` cached ones (``decode.backend.check_memory``; a
         step's fed tokens included): the buffer's capacity, spare columns and all (no compaction slack: a row's
         tokens always take its first columns); with fixed shapes, the capacity of the widest view."""
-        from .kvcache import capacity
+        from mars_bench.models.kvcache import capacity
 
         return capacity(fixed_columns(tokens) if self.fixed_shape else tokens)
 
@@ -320,7 +320,7 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
 
     def __init__(self, model, out_vocab: int | None = None, name: str = "", vocab_ids: torch.Tensor | None = None,
                  fixed_shape: bool = False):
-        from .kvcache import GrowingCache
+        from mars_bench.models.kvcache import GrowingCache
 
         self.model = model.eval()
         self.name = name
@@ -355,7 +355,7 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
 
     # -- cache -------------------------------------------------------------------------------
     def reset(self) -> None:
-        from .kvcache import RowCache
+        from mars_bench.models.kvcache import RowCache
 
         self.cache = (RowCache if self.fixed_shape else self._cache_cls)(config=self.model.config)
 
@@ -374,7 +374,7 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
         """Keep the first ``start`` cached positions, then those at start + ``offsets`` (ascending; a tree's
         accepted path among the fed nodes), in that order. A layer owning its buffer moves only the kept columns
         whose place changes, in place (the prefix is untouched); any other layer is index-selected."""
-        from .kvcache import GrowingLayer
+        from mars_bench.models.kvcache import GrowingLayer
 
         offsets, length = list(offsets), self.cache_len
         if not 0 <= start <= length or offsets != sorted(set(offsets)) or any(not 0 <= o < length - start
@@ -407,7 +407,7 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
         """Hint: most forwards will score ``n_tokens`` tokens (k + 1 when verifying, 1 when drafting)."""
         n_tokens = n_tokens if self.packing else None
         if n_tokens != self.rows:
-            from .fastpath import set_rows
+            from mars_bench.models.fastpath import set_rows
 
             set_rows(self.model, n_tokens)
             self.rows = n_tokens

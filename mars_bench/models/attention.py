@@ -82,7 +82,7 @@ def _kernel(query, key, value, dropout: float):
         return None
     if not (query.dtype == key.dtype == value.dtype == torch.float32) or key.shape[-1] != value.shape[-1]:
         return None
-    from . import panel
+    from mars_bench.models import panel
 
     return panel.library()
 

@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from ..files import sha256_file
+from mars_bench.base.files import sha256_file
 
 log = logging.getLogger("mars_bench.models.embedded")
 MARKER = "MARS_BENCH_COMPLETE"

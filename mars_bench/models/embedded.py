@@ -36,7 +36,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache_marker import (CACHE_DTYPES, CHUNK, MARKER, _dump_atomic, _write_marker, cache_problem,  # noqa: F401
+from mars_bench.models.cache_marker import (CACHE_DTYPES, CHUNK, MARKER, _dump_atomic, _write_marker, cache_problem,  # noqa: F401
                            hf_dir, is_complete, sha256_file)
 
 log = logging.getLogger(__name__)

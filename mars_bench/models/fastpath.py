@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import panel
+from mars_bench.models import panel
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def enable_fast_path(model: nn.Module, kernel: str = "auto") -> nn.Module:
             log.warning("bf16 fast path unavailable (%s): running the bf16-rounded weights in fp32", why)
         model.float()
     if hasattr(model, "set_attn_implementation"):   # attention row-invariant too (models/attention.py)
-        from .attention import use_rowwise
+        from mars_bench.models.attention import use_rowwise
 
         use_rowwise(model)
     for parent in list(model.modules()):

@@ -26,7 +26,7 @@ import ctypes
 
 import torch
 
-from . import panel, quant
+from mars_bench.models import panel, quant
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 Ptrs = ctypes.c_void_p * len(LINEARS)

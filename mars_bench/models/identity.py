@@ -1,6 +1,6 @@
 """Which weights a run ran: a short, stable identity for a target, a draft or an EAGLE-3 head.
 
-A run's directory is named by a hash of its ``RunSpec`` (``mars_bench.tags``); the spec carries these
+A run's directory is named by a hash of its ``RunSpec`` (``mars_bench.store.spec``); the spec carries these
 identities, so two runs whose weights differ never share a directory, whatever ``model.name`` says.
 
     tiny       ``tiny:<sha of the architecture config>:seed<seed>`` (+ ``:noise<noise>`` for the draft): the
@@ -44,7 +44,7 @@ def weights_identity(source: str, ref: str | None, *, seed: int = 0, noise: floa
     (tiny always has weights). ``noise``: the tiny draft's noise (None for the tiny target). ``engine``: vllm runs
     the tiny pair in another shape (``tiny.tiny_vllm_config``), hence other weights: ``tiny-vllm:...``."""
     if source == "tiny":
-        from .tiny import tiny_config, tiny_vllm_config
+        from mars_bench.models.tiny import tiny_config, tiny_vllm_config
 
         name, config = ("tiny-vllm", tiny_vllm_config(1024)) if engine == "vllm" else ("tiny", tiny_config(1024))
         arch = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()[:12]
@@ -52,7 +52,7 @@ def weights_identity(source: str, ref: str | None, *, seed: int = 0, noise: floa
     if ref is None:
         return None
     if source == "embedded":
-        from .embedded import SPECS
+        from mars_bench.models.embedded import SPECS
 
         if ref not in SPECS:
             raise IdentityError(f"embedded model {ref!r}; allowed: {', '.join(SPECS)}")

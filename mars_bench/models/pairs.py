@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .adapter import CausalLMAdapter, resolve_dtype
+from mars_bench.models.adapter import CausalLMAdapter, resolve_dtype
 
 log = logging.getLogger(__name__)
 _LOADED: dict[str, "Pair"] = {}
@@ -57,7 +57,7 @@ def chat_template_kwargs(tokenizer, enable_thinking: bool | None, name: str) -> 
     A template that never reads ``enable_thinking`` would ignore it silently: bad input, one line."""
     if enable_thinking is None:
         return {}
-    from ..errors import ConfigError
+    from mars_bench.base.errors import ConfigError
 
     template = tokenizer.chat_template
     text = " ".join(template.values()) if isinstance(template, dict) else (template or "")
@@ -69,7 +69,7 @@ def chat_template_kwargs(tokenizer, enable_thinking: bool | None, name: str) -> 
 
 def _paths(mcfg) -> tuple[str, str | None]:
     if mcfg.source == "embedded":
-        from .embedded import ensure_model
+        from mars_bench.models.embedded import ensure_model
 
         cache = mcfg.cache_dir
         stored = "bf16" if mcfg.dtype == "bf16" else "fp32"   # the cache holds fp32 and bf16 copies
@@ -97,7 +97,7 @@ def load_pair(mcfg, need_draft: bool = True) -> Pair:
     pair = _LOADED.get(key)
     if pair is None:
         if mcfg.source == "tiny":
-            from .tiny import tiny_pair, tiny_tokenizer
+            from mars_bench.models.tiny import tiny_pair, tiny_tokenizer
 
             chat = chat_template_kwargs(tiny_tokenizer(), mcfg.get("enable_thinking"), "tiny")   # before any weights
             target, _, tok = tiny_pair(seed=mcfg.seed, noise=mcfg.noise, dtype=dtype)
@@ -127,7 +127,7 @@ def check_offload(model, allowed: bool) -> None:
     placed = getattr(model, "hf_device_map", None) or {}
     off = [name for name, where in placed.items() if str(where) in ("cpu", "disk")]
     if off and not allowed:
-        from ..errors import ConfigError
+        from mars_bench.base.errors import ConfigError
 
         raise ConfigError(f"model.device_map offloaded {len(off)} modules to host RAM / disk (first: {off[0]} on "
                           f"{placed[off[0]]}): the model does not fit the GPUs; allowed: fewer or smaller models, more "
@@ -136,7 +136,7 @@ def check_offload(model, allowed: bool) -> None:
 
 def _weights_key(mcfg) -> str:
     """The identities of the weights a config names (``identity.weights_identity``; cached per file and mtime)."""
-    from .identity import weights_identity
+    from mars_bench.models.identity import weights_identity
 
     if mcfg.source != "hf":   # tiny: a function of the config; embedded: pinned files
         return ""
@@ -149,7 +149,7 @@ def load_draft(mcfg, pair: Pair) -> tuple[CausalLMAdapter, str]:
     with several draft settings beside one loaded target."""
     device, dtype = resolve_device(mcfg.device), resolve_dtype(mcfg.dtype)
     if mcfg.source == "tiny":
-        from .tiny import tiny_pair
+        from mars_bench.models.tiny import tiny_pair
 
         draft = tiny_pair(seed=mcfg.seed, noise=mcfg.noise, dtype=dtype)[1]
     else:
@@ -164,14 +164,14 @@ def load_draft(mcfg, pair: Pair) -> tuple[CausalLMAdapter, str]:
         trim_head(draft, keep)
     scheme = _quantize_draft(mcfg.draft_quant)
     if scheme == "int8":
-        from .fastpath import quantize_int8
+        from mars_bench.models.fastpath import quantize_int8
 
         draft = quantize_int8(draft)   # a cheaper proposer; the target decides, so sd stays lossless
     elif scheme in ("q4", "q8"):
-        from .quant import quantize_model
+        from mars_bench.models.quant import quantize_model
 
         draft = quantize_model(draft, scheme)
-    from .schemes import DRAFT_QUANT_SCHEME
+    from mars_bench.models.schemes import DRAFT_QUANT_SCHEME
 
     adapter = capture(CausalLMAdapter(_prepare(draft, mcfg, device), out_vocab=pair.target.vocab, name=pair.draft_path,
                                       vocab_ids=keep), mcfg.get("capture", "off"), device)
@@ -183,7 +183,7 @@ def load_draft(mcfg, pair: Pair) -> tuple[CausalLMAdapter, str]:
 def _fuse(adapter, role: str) -> None:
     """``adapter``'s decoding forwards in one C call per layer (models/fused.py) where its model qualifies; else
     one logged line saying why not."""
-    from . import fused
+    from mars_bench.models import fused
 
     why = fused.supports(adapter.model)
     if why is None:
@@ -194,7 +194,7 @@ def _fuse(adapter, role: str) -> None:
 
 def _quantize_draft(scheme: str) -> str:
     """The draft quantization that will run (``quant.runs_as``), with one logged line where it falls back."""
-    from . import quant
+    from mars_bench.models import quant
 
     runs = quant.runs_as(scheme)
     if runs != scheme:
@@ -207,7 +207,7 @@ def draft_vocab_ids(tokenizer, size: int, width: int) -> torch.Tensor:
     order, so the lowest ids are the most frequent pieces of the tokenizer's training text) and every special
     or added token (EOS among them), ascending, all below ``width`` (the target's vocabulary)."""
     if size >= width:
-        from ..errors import ConfigError
+        from mars_bench.base.errors import ConfigError
 
         raise ConfigError(f"model.draft_vocab={size}; allowed: 0 or 256 .. {width - 1} (the target has {width} ids)")
     special = set(getattr(tokenizer, "all_special_ids", []) or []) | set(getattr(tokenizer, "added_tokens_decoder", {}))
@@ -233,7 +233,7 @@ CAPTURE = ("off", "compile")
 
 def _prepare(model, mcfg, device: torch.device):
     if _fast_path_on(mcfg, device):
-        from .fastpath import enable_fast_path
+        from mars_bench.models.fastpath import enable_fast_path
 
         return enable_fast_path(model, kernel="mkl" if mcfg.fast_path == "mkl" else "auto")
     return model
@@ -246,7 +246,7 @@ def capture(adapter, how: str, device: torch.device):
     tokens x a power-of-two cache width, ``CausalLMAdapter.fixed_shape``), so each is compiled and recorded
     once; a tree draft's expansions too; prefills (a new length each) stay eager. CUDA only: on a CPU it is
     refused in one line (the CPU path has its own kernels)."""
-    from ..errors import ConfigError
+    from mars_bench.base.errors import ConfigError
 
     if how not in CAPTURE:
         raise ConfigError(f"model.capture={how!r}; allowed: {', '.join(CAPTURE)}")

@@ -68,7 +68,7 @@ def parse_cpuinfo(text: str) -> tuple[str, set]:
 
 
 def _kernel_dir() -> Path:
-    from .embedded import default_cache_dir
+    from mars_bench.models.embedded import default_cache_dir
 
     return default_cache_dir() / "kernels"
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import panel
+from mars_bench.models import panel
 
 log = logging.getLogger(__name__)
 SRC = Path(__file__).with_name("quant_gemm.c")

@@ -20,10 +20,10 @@ from dataclasses import replace
 
 import pandas as pd
 
-from .columns import val
-from .frames import headline, study_groups
-from .definitions import SPEED_DEFS
-from .writer import Table
+from mars_bench.report.columns import val
+from mars_bench.report.frames import headline, study_groups
+from mars_bench.report.definitions import SPEED_DEFS
+from mars_bench.report.writer import Table
 
 
 def _ci(r, key: str, fmt: str = ".2f") -> str:

@@ -31,8 +31,8 @@ its last turn), fast_kernel, score/<key>, and z1, z2, outcome (per verified draf
 """
 from __future__ import annotations
 
-from .. import metrics as M
-from ..decode.rules import RULES
+from mars_bench.store import metrics as M
+from mars_bench.decode.rules import RULES
 
 SPEEDUP = ("speedup", "speedup_authors", "speedup_mean_of_ratios", "ar_tokens_per_s", "n_common",
            "speedup_authors_note")

@@ -17,10 +17,10 @@ from rich.console import Console, Group
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from .columns import val
-from .definitions import TRUNCATION_LIMIT
-from .frames import DEFAULT_THETA, at_theta, groups, headline, rows
-from .writer import ARROW, fmt_cell
+from mars_bench.report.columns import val
+from mars_bench.report.definitions import TRUNCATION_LIMIT
+from mars_bench.report.frames import DEFAULT_THETA, at_theta, groups, headline, rows
+from mars_bench.report.writer import ARROW, fmt_cell
 
 WIDTH = 120   # columns when the output is not a terminal (files, pipes, tests)
 CAPTION = ("v [lo, hi]: value and 95% CI; speedup = tokens/s over ar's on the same samples; τ = tokens per target "

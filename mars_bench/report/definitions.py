@@ -3,9 +3,9 @@ truncation flag, the paired-test cells and the metric label. Its own module so t
 elsewhere (``study.py``, ``claims.py``) and ``tables.py`` import it, not each other."""
 from __future__ import annotations
 
-from .. import metrics as M
-from .columns import val
-from .writer import ARROW, ci
+from mars_bench.store import metrics as M
+from mars_bench.report.columns import val
+from mars_bench.report.writer import ARROW, ci
 
 AUTHORS_DEFINITIONS = (f"Authors' formulas, shown beside ours, never instead: {M.SPEEDUP_AUTHORS_DEFINITION}; "
                        f"{M.TAU_AUTHORS_DEFINITION}")

@@ -15,7 +15,7 @@ with several packs rewrites each pack's own section (stamped with its one-pack c
 depend on which packs were read beside it) and the section between ``<!-- generated from every pack read: begin
 -->`` and its end marker: the paper's speed table layout (``paper.paper_table``) and the claims with their n
 (``claims.claims_table``) over all the packs read together, stamped with the packs, the shards missing among them
-(``shards.missing``) and their commits and machines. Every section is made before the file is written, once.
+(given by the caller, who knows the plan: ``run.shards.missing``) and their commits and machines. Every section is made before the file is written, once.
 """
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ import contextlib
 import json
 from pathlib import Path
 
-from ..storage import atomic_write_text, read_samples
-from .frames import load_frames, record_commits
-from .pack import is_pack, unpacked
-from .read import find_run_dirs
-from .claims import claims_table
-from .paper import paper_table
-from .tables import main_table, study_table
+from mars_bench.store.io import atomic_write_text, read_samples
+from mars_bench.report.frames import load_frames, record_commits
+from mars_bench.store.pack import is_pack, unpacked
+from mars_bench.store.read import find_run_dirs
+from mars_bench.report.claims import claims_table
+from mars_bench.report.paper import paper_table
+from mars_bench.report.tables import main_table, study_table
 
 EVERY = "every pack read"   # the name in the markers of the section over several packs (combined_section)
 
@@ -100,11 +100,9 @@ def section(pack: str | Path, command: str) -> str:
     return stamp(pack, prov, command) + "\n\n" + table.to_markdown()
 
 
-def combined_section(packs: list, command: str) -> str:
+def combined_section(packs: list, command: str, missing_shards: list[str] | None = None) -> str:
     """The text between the markers of ``EVERY``: the stamp (packs, shards missing), the paper's speed table layout
     and the claims with their n over all ``packs`` read together."""
-    from ..shards import missing
-
     for pack in packs:
         _check_pack(pack)
     with contextlib.ExitStack() as stack:
@@ -112,8 +110,8 @@ def combined_section(packs: list, command: str) -> str:
         provs = [provenance(r) for r in roots]
         frames = load_frames(roots)
     prov = {k: set().union(*(p[k] for p in provs)) for k in provs[0]}
-    absent = missing(packs)
-    gap = f" (shards missing: {', '.join(absent)}; their numbers are absent, not estimated)" if absent else ""
+    gap = (f" (shards missing: {', '.join(missing_shards)}; their numbers are absent, not estimated)"
+           if missing_shards else "")
     return "\n\n".join([stamp(list(packs), prov, command, gap), paper_table(frames.runs).to_markdown(),
                          claims_table(frames.runs).to_markdown()])
 
@@ -127,10 +125,11 @@ def _replace(path: Path, text: str, name: str | Path, body: str) -> str:
     return text[:i + len(begin)] + "\n" + body + "\n" + text[j:]
 
 
-def write_results_md(path: str | Path, packs, command: str | None = None) -> Path:
+def write_results_md(path: str | Path, packs, command: str | None = None,
+                     missing_shards: list[str] | None = None) -> Path:
     """Replace the section generated from each pack of ``packs`` (one, or a list) in the markdown file ``path``,
     and with several packs the section over all of them (``combined_section``; ``command`` names that one, else a
-    pack's own); returns ``path``."""
+    pack's own; ``missing_shards`` as the caller's plan names them); returns ``path``."""
     path = Path(path)
     packs = [packs] if isinstance(packs, (str, Path)) else list(packs)
     one = lambda p: f"mars-bench-report {p} --no-figures --results-md {path}"  # noqa: E731
@@ -140,6 +139,6 @@ def write_results_md(path: str | Path, packs, command: str | None = None) -> Pat
         text = _replace(path, text, pack, section(pack, own))
     if len(packs) > 1:
         every = command or f"mars-bench-report {' '.join(str(p) for p in packs)} --no-figures --results-md {path}"
-        text = _replace(path, text, EVERY, combined_section(packs, every))
+        text = _replace(path, text, EVERY, combined_section(packs, every, missing_shards))
     atomic_write_text(path, text)
     return path

@@ -22,10 +22,10 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .columns import val
-from .frames import DEFAULT_THETA, groups, headline, rows, study_groups
-from .logits import logit_run, r_distribution, z1_histogram
-from .writer import ARROW
+from mars_bench.report.columns import val
+from mars_bench.report.frames import DEFAULT_THETA, groups, headline, rows, study_groups
+from mars_bench.report.logits import logit_run, r_distribution, z1_histogram
+from mars_bench.report.writer import ARROW
 
 COLORS = {"ar": "#7f7f7f", "sd": "#1f77b4", "mars": "#ff7f0e"}
 plt_rc = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9}

@@ -15,7 +15,7 @@
                      output's fidelity to ar's (identical_to_ar, first_divergence, chrf_to_ar)
 
 Runs come sorted: by model dir, task dir and settings, then ar, the lossless methods, the lossy rules, each by
-method, k, flags and sweep value. Statistics are summary.json's (``mars_bench.summary``); a missing or stale
+method, k, flags and sweep value. Statistics are summary.json's (``mars_bench.store.summary``); a missing or stale
 summary is restated from the samples by the writer's functions (``restate.py``).
 """
 from __future__ import annotations
@@ -27,14 +27,14 @@ from typing import Iterable
 
 import pandas as pd
 
-from ..decode.rules import RULES
-from .columns import run_row, sample_row, val
-from .read import RunFiles, find_runs
-from .. import metrics as M
-from .. import records as R
-from .. import stats as S
-from .. import summary as W
-from .restate import current_summary, stats_settings
+from mars_bench.decode.rules import RULES
+from mars_bench.report.columns import run_row, sample_row, val
+from mars_bench.store.read import RunFiles, find_runs
+from mars_bench.store import metrics as M
+from mars_bench.store import records as R
+from mars_bench import stats as S
+from mars_bench.store import summary as W
+from mars_bench.report.restate import current_summary, stats_settings
 
 DEFAULT_THETA = RULES["mars"].knob_map["theta"].default   # the paper's default, registered once
 INTEGERS = ("k", "batch_size", "max_new_tokens", "seed", "task_version", "n", "new_tokens", "steps", "idx_authors",
@@ -190,7 +190,7 @@ def _declared(task: str) -> tuple[str, ...]:
 def _registration(task: str) -> dict:
     """The task's metrics as its task.yaml declares them (name -> entry), in order; {} for a task unknown here
     (results from elsewhere: alphabetical order then)."""
-    from ..tasks.base import load_spec
+    from mars_bench.tasks.base import load_spec
 
     try:
         return dict(load_spec(task)["metrics"] or {})

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .columns import val
-from .frames import DEFAULT_THETA, rows
+from mars_bench.report.columns import val
+from mars_bench.report.frames import DEFAULT_THETA, rows
 
 OUTCOMES = {"A": ("exact-accepted", "#2ca02c"), "R": ("relaxed-accepted", "#ff7f0e"), "X": ("rejected", "#d62728")}
 

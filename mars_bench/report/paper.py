@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import metrics as M
-from .columns import val
-from .frames import DEFAULT_THETA, at_theta, study_groups
-from .writer import Table
+from mars_bench.store import metrics as M
+from mars_bench.report.columns import val
+from mars_bench.report.frames import DEFAULT_THETA, at_theta, study_groups
+from mars_bench.report.writer import Table
 
 PAPER_TASKS = (("mt_bench", "MT-Bench"), ("humaneval", "HumanEval"), ("gsm8k", "GSM8K"), ("alpaca", "Alpaca"),
                ("cnn_dm", "CNN/DM"))

@@ -1,4 +1,4 @@
-"""A run's summary as ``mars_bench.summary`` would state it for the samples found.
+"""A run's summary as ``mars_bench.store.summary`` would state it for the samples found.
 
 summary.json is read as written where it is current. Where it is missing or stale (written before some of
 its fields existed, or over fewer samples than the merged samples.jsonl holds), each stale block is restated
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from .. import metrics as M
-from .. import records as R
-from .. import stats as S
-from .. import summary as W
-from .read import RunFiles
+from mars_bench.store import metrics as M
+from mars_bench.store import records as R
+from mars_bench import stats as S
+from mars_bench.store import summary as W
+from mars_bench.store.read import RunFiles
 
 
 def current_summary(run: RunFiles, ar: RunFiles | None, ref: RunFiles | None) -> dict:
@@ -109,7 +109,7 @@ def metrics(run: RunFiles, s: dict) -> dict:
 def registered_metrics(s: dict, task: str | None) -> dict:
     """The metric registration: summary.json's ``metric_specs``, else the task's task.yaml in this checkout,
     else none (results of a task unknown here)."""
-    from ..tasks.base import load_spec
+    from mars_bench.tasks.base import load_spec
 
     if s.get("metric_specs") is not None:
         return W.from_registration(s["metric_specs"])

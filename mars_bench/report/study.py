@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .columns import val
-from .frames import headline, is_twin, study_pairs
-from .definitions import (BASE, CI_DEFINITION, NI_DEFINITION, NO_BUDGET_DEFINITION, SPEED_DEFS, TRUNCATION_LIMIT,
+from mars_bench.report.columns import val
+from mars_bench.report.frames import headline, is_twin, study_pairs
+from mars_bench.report.definitions import (BASE, CI_DEFINITION, NI_DEFINITION, NO_BUDGET_DEFINITION, SPEED_DEFS, TRUNCATION_LIMIT,
                           metric_label, paired_cells)
-from .writer import Table, ci
+from mars_bench.report.writer import Table, ci
 
 QUALITY_COLUMNS = {**ci("tau"), **ci("pct_identical", "identical")}
 SPEED_COLUMNS = {"n": "n_timed", **ci("tokens_per_s"), **ci("speedup"), **ci("speedup_authors"),
@@ -117,8 +117,8 @@ def timed_budget_note(timed) -> str | None:
 
 def one_decoding(commit: str | None) -> bool:
     """Whether the comma-separated commits of a run (``frames.record_commits``) all decode alike, as git in this
-    checkout tells (``shards.same_code``); False where it cannot tell (a commit it lacks, a dirty tree)."""
-    from ..shards import same_code
+    checkout tells (``provenance.same_code``); False where it cannot tell (a commit it lacks, a dirty tree)."""
+    from mars_bench.store.provenance import same_code
 
     commits = (commit or "").split(", ")
     return len(commits) > 1 and all(same_code(c, against=commits[0]) for c in commits[1:])

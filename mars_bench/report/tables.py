@@ -14,7 +14,7 @@
                             (``paper.py``)
     claims_table(runs)      the paper's claims as a study's intervals resolve them (``claims.py``)
 
-Captions cite the definitions of ``mars_bench.metrics`` (one source). A cell ``v [lo, hi]`` is the value and
+Captions cite the definitions of ``mars_bench.store.metrics`` (one source). A cell ``v [lo, hi]`` is the value and
 its 95% CI (the frame's ``<column>_lo`` / ``_hi``), a bare value has none (the quality table's note says why).
 CSV files carry the raw numbers, intervals as ``<column>_lo`` / ``_hi``.
 """
@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import metrics as M
-from .. import stats as S
-from .claims import claims_table
-from .columns import paired_test, val
-from .definitions import (ACCEPTANCE_DEFINITION, AUTHORS_DEFINITIONS, BASE, CI_DEFINITION, NI_DEFINITION,
+from mars_bench.store import metrics as M
+from mars_bench import stats as S
+from mars_bench.report.claims import claims_table
+from mars_bench.report.columns import paired_test, val
+from mars_bench.report.definitions import (ACCEPTANCE_DEFINITION, AUTHORS_DEFINITIONS, BASE, CI_DEFINITION, NI_DEFINITION,
                           NO_BUDGET_DEFINITION, SPEED_DEFS, TRUNCATION_LIMIT, metric_label, paired_cells)
-from .frames import DEFAULT_THETA, at_theta, groups, headline, reported, rows
-from .paper import paper_table
-from .study import study_table
-from .writer import ARROW, Table, ci, cells, select
+from mars_bench.report.frames import DEFAULT_THETA, at_theta, groups, headline, reported, rows
+from mars_bench.report.paper import paper_table
+from mars_bench.report.study import study_table
+from mars_bench.report.writer import ARROW, Table, ci, cells, select
 
 SPEED = {"n": "n", "acceptance_rate": "acceptance", **ci("tokens_per_s"), **ci("tau"), **ci("tau_authors"),
          **ci("speedup"), **ci("speedup_authors"), **ci("speedup_no_budget")}
@@ -253,7 +253,7 @@ def write_tables(tables: dict[str, Table], out_dir) -> list:
     """``<out_dir>/<name>.md`` / ``.csv`` / ``.tex`` per table."""
     from pathlib import Path
 
-    from ..storage import atomic_write_text
+    from mars_bench.store.io import atomic_write_text
 
     paths = []
     for name, t in tables.items():

@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import MetricSpec, Sample, Task
-from .data import DataError
-from .sandbox import sandbox_status
+from mars_bench.tasks.base import MetricSpec, Sample, Task
+from mars_bench.tasks.data import DataError
+from mars_bench.tasks.sandbox import sandbox_status
 
 
 def _discover() -> dict[str, type[Task]]:

@@ -4,8 +4,8 @@ tokenisation, so paraphrase and long answers still score smoothly, where ROUGE-L
 subsequence of words swings with wording and answer length)."""
 from __future__ import annotations
 
-from .base import Sample
-from .release import ReleaseTask
+from mars_bench.tasks.base import Sample
+from mars_bench.tasks.release import ReleaseTask
 
 
 class Alpaca(ReleaseTask):

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from . import data as D
+from mars_bench.tasks import data as D
 
 log = logging.getLogger("mars_bench.tasks")
 

@@ -2,8 +2,8 @@
 the ``rouge-score`` package (Porter stemming), averaged over the samples."""
 from __future__ import annotations
 
-from .base import Sample, mean
-from .release import ReleaseTask
+from mars_bench.tasks.base import Sample, mean
+from mars_bench.tasks.release import ReleaseTask
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import yaml
 
-from ..files import sha256_file  # noqa: F401  (D.sha256_file for the task modules)
+from mars_bench.base.files import sha256_file  # noqa: F401  (D.sha256_file for the task modules)
 
 log = logging.getLogger("mars_bench.tasks")
 

@@ -6,8 +6,8 @@ import math
 import re
 from decimal import Decimal, InvalidOperation
 
-from . import data as D
-from .base import Sample, Task, mean
+from mars_bench.tasks import data as D
+from mars_bench.tasks.base import Sample, Task, mean
 
 # "#### 1,234.00", "#### $5", "#### **42**", "####-3"; the last such marker in the text counts.
 _STRICT = re.compile(r"####\s*(?:\*\*)?\s*(-?\s*\$?\s*-?(?:\d[\d,]*)?\.?\d+)")

@@ -6,9 +6,9 @@ import re
 import textwrap
 from collections import OrderedDict
 
-from . import data as D
-from .base import Sample, Task, mean
-from .sandbox import choose_backend, run_python, sandbox_status
+from mars_bench.tasks import data as D
+from mars_bench.tasks.base import Sample, Task, mean
+from mars_bench.tasks.sandbox import choose_backend, run_python, sandbox_status
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:^[ \t]*```|\Z)", re.S | re.M)
 _PY_LANGS = {"python", "py", "python3", "py3", ""}

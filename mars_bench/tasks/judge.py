@@ -18,7 +18,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from . import data as D
+from mars_bench.tasks import data as D
 
 NEED_REF_CATEGORIES = ("math", "reasoning", "coding")
 JUDGE_PROMPTS_FILE = "mars_release/judge_prompts.jsonl"

@@ -1,9 +1,9 @@
 """MT-Bench (80 two-turn questions): speed per turn is the runner's; quality is an optional LLM judge."""
 from __future__ import annotations
 
-from . import data as D
-from .base import Sample, Task, mean
-from .judge import NEED_REF_CATEGORIES, PROMPT_VERSION, JudgeClient, load_judge_prompts
+from mars_bench.tasks import data as D
+from mars_bench.tasks.base import Sample, Task, mean
+from mars_bench.tasks.judge import NEED_REF_CATEGORIES, PROMPT_VERSION, JudgeClient, load_judge_prompts
 
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 

@@ -1,8 +1,8 @@
 """A tiny built-in prompt set (``tasks/specs/prompts/prompts.jsonl``) for smoke runs and tests; no quality metric."""
 from __future__ import annotations
 
-from . import data as D
-from .base import Sample, Task
+from mars_bench.tasks import data as D
+from mars_bench.tasks.base import Sample, Task
 
 
 class Prompts(Task):

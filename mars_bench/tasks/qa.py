@@ -1,8 +1,8 @@
 """QA (the authors' 80 Natural Questions-style questions, no references): speed and fidelity only."""
 from __future__ import annotations
 
-from .base import Sample
-from .release import ReleaseTask
+from mars_bench.tasks.base import Sample
+from mars_bench.tasks.release import ReleaseTask
 
 
 class QA(ReleaseTask):

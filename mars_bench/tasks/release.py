@@ -3,8 +3,8 @@
 instruction already inside, sent as given) and, except ``qa``, ``reference`` (a list; its first item is used)."""
 from __future__ import annotations
 
-from . import data as D
-from .base import Sample, Task
+from mars_bench.tasks import data as D
+from mars_bench.tasks.base import Sample, Task
 
 
 class ReleaseTask(Task):

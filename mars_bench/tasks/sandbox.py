@@ -30,7 +30,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import sandbox_unshare
+from mars_bench.tasks import sandbox_unshare
 
 log = logging.getLogger("mars_bench.sandbox")
 

@@ -11,8 +11,8 @@ import hashlib
 import json
 import re
 
-from . import data as D
-from .base import Sample, Task
+from mars_bench.tasks import data as D
+from mars_bench.tasks.base import Sample, Task
 
 _LEAD = r"(?:(?:sure|certainly|of course|okay|ok)\s*[,!.]?\s*)?"
 _HERE = (r"here(?:'s|\u2019s|\s+is|\s+are)\s+(?:the\s+|an?\s+|my\s+|your\s+)?(?:english\s+|possible\s+)?"

@@ -7,7 +7,7 @@ import time
 
 _DELAY = float(os.environ.get("MARS_BENCH_TEST_WRITE_DELAY", "0") or 0)
 if _DELAY > 0:
-    from mars_bench.sample_writer import SampleWriter
+    from mars_bench.store.writer import SampleWriter
 
     _write = SampleWriter.write
 

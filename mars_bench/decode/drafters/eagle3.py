@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..tree.mask import SlotTree
+from mars_bench.decode.tree.mask import SlotTree
 
 
 class Eagle3LoadError(ValueError):

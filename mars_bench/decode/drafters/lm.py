@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tree.mask import SlotTree, additive_mask
+from mars_bench.decode.tree.mask import SlotTree, additive_mask
 
 
 class LMDrafter:

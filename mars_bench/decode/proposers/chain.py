@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import sampling
-from ..backend import as_backend
-from .base import Proposal
+from mars_bench.decode import sampling
+from mars_bench.decode.backend import as_backend
+from mars_bench.decode.proposers.base import Proposal
 
 
 class LMChain:

@@ -1,7 +1,7 @@
 """A ``Method``'s proposer, as its drafting scheme declares it (``decode.drafting``; ``ar`` has none)."""
 from __future__ import annotations
 
-from ..drafting import scheme_of
+from mars_bench.decode.drafting import scheme_of
 
 
 def make_proposer(method, draft, cfg, tree=None):

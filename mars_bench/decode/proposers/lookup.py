@@ -5,8 +5,8 @@ p_target (sampled). A step without a match proposes nothing and is one plain tar
 """
 from __future__ import annotations
 
-from .base import Proposal
-from .prompt_lookup import NgramIndex
+from mars_bench.decode.proposers.base import Proposal
+from mars_bench.decode.proposers.prompt_lookup import NgramIndex
 
 
 class PromptLookup:

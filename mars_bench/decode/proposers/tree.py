@@ -4,9 +4,9 @@ rows are drafted one after another and verified together in the target's batched
 """
 from __future__ import annotations
 
-from ..drafters import as_drafter
-from ..tree.build import TreeSpec, build_tree
-from .base import Proposal
+from mars_bench.decode.drafters import as_drafter
+from mars_bench.decode.tree.build import TreeSpec, build_tree
+from mars_bench.decode.proposers.base import Proposal
 
 
 class TreeProposer:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import sampling
+from mars_bench.decode import sampling
 
 MODES = ("greedy", "sampled", "chain", "tree")
 

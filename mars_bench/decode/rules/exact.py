@@ -2,7 +2,7 @@
 accept iff u q_draft[d] < p_target[d] (Leviathan et al. 2023, Chen et al. 2023)."""
 from __future__ import annotations
 
-from .base import Rule, none_lenient, register
+from mars_bench.decode.rules.base import Rule, none_lenient, register
 
 
 def _exact(draft, z, p_target, q_draft, u, standard):

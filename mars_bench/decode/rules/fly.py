@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Knob, Rule, register
+from mars_bench.decode.rules.base import Knob, Rule, register
 
 
 def _fly(draft, z, p_target, q_draft, u, standard, window, entropy):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Knob, Rule, in_support, register, top2
+from mars_bench.decode.rules.base import Knob, Rule, in_support, register, top2
 
 NONPOSITIVE_TOP1 = ("strict", "ratio")
 SAMPLED_TOP1 = ("always", "margin")

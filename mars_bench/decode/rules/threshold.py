@@ -12,7 +12,7 @@ accepted. Strict (= exact): single = 1 and acc = 1 (SGLang's defaults).
 """
 from __future__ import annotations
 
-from .base import Knob, Rule, register
+from mars_bench.decode.rules.base import Knob, Rule, register
 
 
 def _threshold(draft, z, p_target, q_draft, u, standard, single, acc):

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import sampling
+from mars_bench.decode import sampling
 
 CHILDREN = ("topk", "sample")
 TOPK_Q = ("onehot", "draft")

@@ -66,9 +66,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import sampling
-from ..rules.base import PathVerdict, top2
-from .build import DraftTree
+from mars_bench.decode import sampling
+from mars_bench.decode.rules.base import PathVerdict, top2
+from mars_bench.decode.tree.build import DraftTree
 
 
 @dataclass

@@ -1,0 +1,81 @@
+"""Command-line overrides checked before Hydra composes them: text Hydra cannot parse, a value of the wrong type
+for its schema field, an unknown setting or group option, each one ``ConfigError`` line instead of Hydra's
+multi-line error."""
+from __future__ import annotations
+
+from dataclasses import MISSING
+from typing import Any
+
+from mars_bench.config.schema import Config
+from mars_bench.base.errors import ConfigError
+
+
+def _type_words(tp: Any) -> str:
+    import typing
+
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    optional = len(args) < len(typing.get_args(tp))
+    base = args[0] if optional and len(args) == 1 else tp
+    words = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(base, "a value")
+    return words + (" or null" if optional else "")
+
+
+def _field_types(node=None, prefix: str = "") -> dict:
+    import typing
+    from dataclasses import fields, is_dataclass
+
+    out = {}
+    hints = typing.get_type_hints(node or Config)
+    for f in fields(node or Config):
+        tp = hints[f.name]
+        factory = f.default_factory if f.default_factory is not MISSING else None
+        if is_dataclass(tp) or (factory is not None and is_dataclass(factory)):   # e.g. rule: RuleConfig
+            out.update(_field_types(tp if is_dataclass(tp) else factory, f"{prefix}{f.name}."))
+        elif factory is not None and isinstance(factory(), dict):                 # e.g. stats: a plain dict
+            out.update({f"{prefix}{f.name}.{k}": Any for k in factory()})
+        else:
+            out[f"{prefix}{f.name}"] = tp
+    return out
+
+
+def check_overrides(argv: list[str], conf_dir: str | None = None) -> None:
+    """Command-line overrides that Hydra would refuse with a multi-line error (unparsable text, a value of the
+    wrong type, an unknown group option) become one ConfigError line, before Hydra composes anything."""
+    from pathlib import Path
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    conf = Path(conf_dir) if conf_dir else Path(__file__).resolve().parents[1] / "conf"   # shipped in the package
+    parser, types = OverridesParser.create(), _field_types()
+    groups = {p.name for p in conf.iterdir() if p.is_dir()}   # config groups: the folders of conf/
+    base = OmegaConf.structured(Config)
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg or arg.lstrip("+~").startswith("hydra"):
+            continue
+        try:
+            o = parser.parse_overrides([arg])[0]
+        except Exception as e:  # noqa: BLE001 - Hydra's grammar errors: one line
+            first = " ".join(str(e).split("\n")[0].split())
+            raise ConfigError(f"cannot read the override {arg!r} ({first}); allowed: key=value, with "
+                              "non-ASCII or special characters inside quotes: key='value'") from None
+        key = o.key_or_group
+        if o.is_delete() or "/" in key:
+            continue
+        values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        if key in groups:
+            options = sorted(p.stem for p in (conf / key).glob("*.yaml"))   # a group option 
+            for v in values:
+                if v not in options:
+                    raise ConfigError(f"{key}={v!r}; allowed: {', '.join(options)}")
+            continue
+        if key not in types:
+            if not o.is_add():
+                raise ConfigError(f"unknown setting {key!r} in {arg!r}; allowed: {', '.join(sorted(types))}")
+            continue
+        for v in values:
+            try:
+                OmegaConf.update(base, key, v, merge=True)
+            except OmegaConfBaseException:
+                raise ConfigError(f"{key}={v!r}; allowed: {_type_words(types[key])}") from None

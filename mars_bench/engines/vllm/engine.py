@@ -1,0 +1,335 @@
+"""``engine=vllm``: a job's samples decoded by vLLM's offline ``LLM`` instead of this package's loop (docs/vllm.md).
+
+The same model config (HF id or local directory; ``model=tiny``: the tiny pair saved as an HF directory in a shape
+vLLM's CPU attention takes, ``tiny_dirs``; ``embedded``: the converted pair's directories), the same chat template,
+prompt token ids, seeds, temperature, top-p and budget; ``speculative_config`` from the method (sd: the draft model
+with k drafts; lookup: n-gram; eagle3: the EAGLE-3 head, a chain of k; ar: none). A lossy rule runs inside vLLM's
+verification through the plugin (``vllm_plugin``: ``SamplingParams.extra_args``); ``exact`` leaves vLLM untouched.
+Records are the native engine's ``SampleRecord``: tokens, wall time, per-step drafts proposed / accepted (vLLM's
+per-request metrics, ``per_request_spec_decode_metrics=detailed``), and for a lossy rule the plugin's audit (z1 / z2
+of each verified position and one entry per relaxed acceptance). vLLM does not time target and draft forwards
+apart: ``target_s`` / ``draft_s`` are 0. Budget: vLLM cuts the output at max_new_tokens (``protocol.budget=exact``)
+but drafts past it, so a last step may propose more than the budget leaves.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mars_bench.engines.vllm import verify, compat as vllm_compat
+from mars_bench.engines.vllm.plugin import read_audit
+
+log = logging.getLogger("mars_bench")
+
+SCHEMES = ("ar", "sd", "lookup", "eagle3")
+BACKENDS = (None, "mp", "ray", "uni", "external_launcher")   # vLLM's distributed_executor_backend values
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def check(cfg) -> str:
+    """Everything engine=vllm refuses, before any model loads: one-line ValueError; returns vLLM's version."""
+    from mars_bench.config.settings import method_of
+
+    e = cfg.engine
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs", "max_model_len"):
+        value = e[name]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"engine.{name}={value!r}; allowed: an integer >= 1")
+    if e.distributed_executor_backend not in BACKENDS:
+        raise ValueError(f"engine.distributed_executor_backend={e.distributed_executor_backend!r}; allowed: null, "
+                         f"{', '.join(b for b in BACKENDS if b)}")
+    for name in ("gpu_memory_utilization", "kv_cache_gib"):
+        if not 0 < float(e[name]) <= (1 if name == "gpu_memory_utilization" else 1024):
+            raise ValueError(f"engine.{name}={e[name]!r}; allowed: a number in (0, "
+                             f"{1 if name == 'gpu_memory_utilization' else 1024}]")
+    if e.distributed_executor_backend == "mp" and str(cfg.model.device).startswith("cuda"):
+        import torch   # mp runs one node: vLLM does not check its GPU count when the backend is set explicitly
+
+        world, visible = int(e.tensor_parallel_size) * int(e.pipeline_parallel_size), torch.cuda.device_count()
+        if world > visible:
+            raise ValueError(f"engine.tensor_parallel_size x engine.pipeline_parallel_size = {world}; allowed with "
+                             f"engine.distributed_executor_backend=mp (one node): at most the {visible} visible GPUs "
+                             "(ray spans nodes)")
+    version = vllm_compat.check_version()
+    m = method_of(cfg)
+    if m.name not in SCHEMES:
+        raise ValueError(f"method={cfg.method.name} (draft trees) cannot run on engine=vllm; allowed: ar, sd, mars, "
+                         "lookup, eagle3, eagle3_mars (vLLM verifies chains)")
+    if m.speculative:
+        verify.check_rule(m.rule, m.rule_kwargs)
+    if m.p_min:
+        raise ValueError(f"method.p_min={m.p_min} (adaptive draft length) cannot run on engine=vllm; allowed: 0")
+    if cfg.protocol.budget != "exact":
+        raise ValueError(f"protocol.budget={cfg.protocol.budget} cannot run on engine=vllm; allowed: exact")
+    if m.name == "sd" and (cfg.model.draft_quant != "none" or cfg.model.get("draft_vocab", 0)):
+        raise ValueError("model.draft_quant / model.draft_vocab cannot run on engine=vllm (vLLM loads the draft as "
+                         "saved); allowed: none / 0")
+    if cfg.model.source == "tiny" and cfg.model.dtype != "fp32":
+        raise ValueError(f"model.dtype={cfg.model.dtype} with model=tiny on engine=vllm; allowed: fp32")
+    return version
+
+
+def tiny_dirs(seed: int = 0, noise: float = 0.05, root: str | None = None) -> tuple[str, str]:
+    """The tiny pair (models/tiny.py: its tokenizer, seeds and draft noise) in vLLM's shape (``models.tiny.VLLM_SHAPE``; the
+    draft without the padded rows), saved once as two HF directories under ``root`` (default: the user cache).
+    The native engine loads the same directories with model.source=hf (the parity tests do)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from mars_bench.models.tiny import tiny_tokenizer, tiny_vllm_config
+
+    base = Path(root or os.environ.get("MARS_BENCH_CACHE") or Path.home() / ".cache" / "mars-bench")
+    out = base / f"tiny-vllm-s{seed}-n{noise:g}"
+    dirs = (str(out / "target"), str(out / "draft"))
+    if (out / "draft" / "config.json").is_file():
+        return dirs
+    tok = tiny_tokenizer()
+    torch.manual_seed(seed)
+    target = Qwen2ForCausalLM(tiny_vllm_config(len(tok))).eval()
+    draft = Qwen2ForCausalLM(tiny_vllm_config(len(tok))).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        src = target.state_dict()
+        for name, p in draft.state_dict().items():
+            p.copy_(src[name] + noise * src[name].std() * torch.randn(p.shape, generator=gen))
+    tmp = Path(tempfile.mkdtemp(dir=base if base.exists() else None))
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(tmp / name)
+        tok.save_pretrained(tmp / name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.rename(out)
+    except OSError:   # another process saved it first
+        pass
+    return dirs
+
+
+def model_dirs(mcfg) -> tuple[str, str | None]:
+    if mcfg.source == "tiny":
+        return tiny_dirs(mcfg.seed, mcfg.noise)
+    from mars_bench.models.pairs import _paths
+
+    return _paths(mcfg)
+
+
+def speculative_config(method, mcfg, draft_dir) -> dict | None:
+    if method.name == "sd":
+        return {"method": "draft_model", "model": draft_dir, "num_speculative_tokens": method.k}
+    if method.name == "lookup":
+        return {"method": "ngram", "num_speculative_tokens": method.k,
+                "prompt_lookup_max": int(method.options["max_ngram"]), "prompt_lookup_min": int(method.options["min_ngram"])}
+    if method.name == "eagle3":
+        return {"method": "eagle3", "model": mcfg.eagle3, "num_speculative_tokens": method.k}
+    return None
+
+
+@dataclass(frozen=True)
+class MemoryShare:
+    """What one ``LLM`` may take when a run holds ``held`` of them at once (``Models``: one per drafting setup of
+    the run's methods): ``engine.gpu_memory_utilization`` (GPUs) and ``engine.kv_cache_gib`` (CPU) split evenly,
+    so that together they never ask for more than the engine config allows."""
+    held: int
+    gpu_memory_utilization: float
+    kv_cache_gib: float
+
+    @classmethod
+    def of(cls, engine_cfg, held: int) -> "MemoryShare":
+        if held < 1:
+            raise ValueError(f"engine=vllm: {held} LLMs held; allowed: at least 1 (the run's methods)")
+        return cls(held, float(engine_cfg.gpu_memory_utilization) / held, float(engine_cfg.kv_cache_gib) / held)
+
+
+class Models:
+    """The runner's ``Models`` for engine=vllm: one ``LLM`` per drafting setup of the run's methods (ar, sd, ...),
+    built when first needed and kept. The setups are counted here, from ``methods``, and each ``LLM`` gets an
+    equal share of the configured memory (``MemoryShare``); ``decode`` / ``decode_batched`` as ``runner.Models``."""
+
+    def __init__(self, cfg, methods):
+        from transformers import AutoTokenizer
+
+        from mars_bench.models.pairs import chat_template_kwargs
+        from mars_bench.store.provenance import machine
+
+        self.cfg, self.version = cfg, check(cfg)
+        self.target_dir, self.draft_dir = model_dirs(cfg.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.target_dir)
+        self.chat_kwargs = chat_template_kwargs(self.tokenizer, cfg.model.enable_thinking, cfg.model.name)
+        self.eos = sorted({self.tokenizer.eos_token_id} - {None})
+        self.audit_dir = tempfile.mkdtemp(prefix="mars-bench-vllm-audit-")
+        self.kernel = f"vllm-{self.version}"
+        self.machine = machine(str(cfg.model.device))
+        # the LLMs this run holds at once: one per distinct speculative_config of its methods
+        self.specs = {repr(s): s for s in (speculative_config(m, cfg.model, self.draft_dir) for m in methods)}
+        self.share = MemoryShare.of(cfg.engine, len(self.specs))
+        self.llms: dict = {}
+        self.counter = 0
+
+    def llm(self, method):
+        key = repr(speculative_config(method, self.cfg.model, self.draft_dir))
+        if key not in self.specs:    # its memory share was not counted: a caller's bug, not bad input
+            raise RuntimeError(f"engine=vllm: method {method.name} needs an LLM ({key}) that the methods this "
+                               "Models was built with do not; allowed: those methods")
+        if key not in self.llms:
+            self.llms[key] = build_llm(self.cfg, self.target_dir, self.specs[key], self.audit_dir, self.share)
+        return self.llms[key]
+
+    def prompt_ids(self, messages) -> list[int]:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False,
+                                                  **self.chat_kwargs)
+
+    def params(self, job, seed: int, key: str):
+        from vllm import SamplingParams
+
+        m, cfg = job.method, job.cfg
+        extra = None
+        if m.speculative and m.rule != "exact":
+            extra = {"mars_bench": {"rule": m.rule, "settings": dict(m.rule_kwargs), "key": key}}
+        return SamplingParams(temperature=float(cfg.temperature), top_p=float(cfg.top_p), seed=seed,
+                              max_tokens=job.max_new, stop_token_ids=list(self.eos), stop=list(job.task.stop_strings),
+                              include_stop_str_in_output=True, skip_special_tokens=True, extra_args=extra)
+
+    def generate(self, job, prompts: list, seeds: list):
+        """(outputs, audit per request, wall seconds of the call) for prompts decoded together."""
+        keys = []
+        for _ in prompts:
+            self.counter += 1
+            keys.append(f"{os.getpid()}-{self.counter}")
+        params = [self.params(job, s, k) for s, k in zip(seeds, keys)]
+        llm = self.llm(job.method)
+        t0 = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        audit = read_audit(self.audit_dir)     # and removed: each call reads only its own steps
+        return outs, [audit.get(k, []) for k in keys], wall
+
+    def decode(self, job, sample, index: int, order: int = 0) -> dict:
+        """One sample, all its turns, alone in vLLM (concurrency 1)."""
+        return self._decode_all(job, [(index, sample)], lambda s, rec: None, order)[0]
+
+    def decode_batched(self, job, todo: list, write, order: int = 0, source=None) -> None:
+        """Samples ``todo`` ([(index, sample)]) turn by turn. At batch size 1 one sample per call (each timed alone,
+        as the native engine's B = 1); else all at once, vLLM batching them continuously (at most ``max_num_seqs``),
+        each sample's wall time its token share of the call. ``source``: the claimed samples, iterated lazily."""
+        items = source if source is not None else todo
+        if job.tag.batch_size == 1:
+            for item in items:
+                self._decode_all(job, [item], write, order)
+        else:
+            self._decode_all(job, list(items), write, order)
+
+    def _decode_all(self, job, todo: list, write, order: int) -> list[dict]:
+        from mars_bench.store.recordbuild import sample_record, sample_seed
+        from mars_bench.tasks import build_messages
+
+        cfg, task = job.cfg, job.task
+        outputs = {s.id: [] for _, s in todo}
+        turns = {s.id: [] for _, s in todo}
+        for t in range(max(len(s.turns) for _, s in todo)):
+            live = [(i, s) for i, s in todo if t < len(s.turns)]
+            prompts = [self.prompt_ids(build_messages(task, s, outputs[s.id], t)) for _, s in live]
+            seeds = [sample_seed(cfg.seed, i, t) for i, _ in live]
+            outs, audits, wall = self.generate(job, prompts, seeds)
+            total = sum(len(o.outputs[0].token_ids) for o in outs) or 1
+            for (i, s), prompt, out, steps in zip(live, prompts, outs, audits):
+                text = self.tokenizer.decode(out.outputs[0].token_ids, skip_special_tokens=True)
+                outputs[s.id].append(text)
+                share = wall * len(out.outputs[0].token_ids) / total
+                turns[s.id].append(turn_record(out, prompt, text, steps, share, self.tokenizer))
+        records = []
+        for i, s in todo:
+            rec = sample_record(job, s, i, turns[s.id], task.score(s, outputs[s.id]), self.kernel, order,
+                                self.machine)
+            write(s, rec)
+            records.append(rec)
+        return records
+
+
+def turn_record(out, prompt, text, audit_steps: list, wall_s: float, tokenizer) -> dict:
+    """A ``TurnRecord`` dict from one vLLM ``RequestOutput``: the prefill step commits the first token (no drafts),
+    then one step per verification (vLLM's per-request metrics; the plugin's audit for a lossy rule)."""
+    from mars_bench.store.records import TurnRecord
+
+    comp = out.outputs[0]
+    ids = list(comp.token_ids)
+    drafted, accepted = vllm_compat.per_step(comp)
+    if drafted is None:                               # ar: one token per target forward
+        drafted, accepted = [], []
+    # the prefill step commits the first token without drafts; a later step without drafts (rare: near the
+    # context's end) commits one token, unless the last step's tokens were cut at the budget
+    first = 1 + max(0, len(ids) - 1 - sum(a + 1 for a in accepted)) if ids else 0
+    drafted, accepted = [0] * first + drafted, [0] * first + accepted
+    z1, z2, outcome, relaxed = [], [], "", []
+    disagree = sum(not s["agree"] for s in audit_steps)
+    if disagree:   # vLLM's kernel kept a prefix other than the rule's (p_target[d] == u q_draft[d] exactly, or a bug)
+        log.warning("engine=vllm: in %d steps vLLM's accepted prefix differs from the rule's", disagree)
+    for st in (s for s in audit_steps if s["proposed"]):
+        z1 += [round(x, 4) for x in st["z1"]]
+        z2 += [round(x, 4) for x in st["z2"]]
+        # relaxed acceptances past the budget (the last step's tokens cut) were never committed: not counted
+        kept = [{"pos": st["done"] + e["depth"] - 1, **e} for e in st["relaxed"]]
+        kept = [e for e in kept if e["pos"] < len(ids)]
+        flags = {e["depth"] for e in kept}
+        outcome += "".join("R" if d + 1 in flags else "A" for d in range(st["accepted"]))
+        outcome += "X" if st["accepted"] < st["proposed"] else ""
+        relaxed += kept
+    steps = len(drafted)
+    retok = len(tokenizer(text.strip()).input_ids)
+    return TurnRecord(
+        prompt_tokens=len(prompt), new_tokens=len(ids), steps=steps, n_retokenized=retok,
+        tau=len(ids) / steps if steps else None, stop_reason=comp.finish_reason, prefill_s=0.0, wall_s=wall_s,
+        proposed=drafted, accepted=accepted, relaxed=relaxed, z1=z1, z2=z2, outcome=outcome, output_ids=ids,
+        output_text=text).to_dict()
+
+
+def build_llm(cfg, target_dir: str, spec: dict | None, audit_dir: str, share: MemoryShare):
+    """vLLM's offline ``LLM`` for a run (the plugin asked for; the environment vllm_compat names), taking ``share``
+    of the configured memory: on GPUs ``gpu_memory_utilization``, on CPU the KV cache (``kv_cache_memory_bytes``)."""
+    e = cfg.engine
+    cpu = cfg.model.device == "cpu" or (cfg.model.device == "auto" and not _cuda())
+    env = {**vllm_compat.ENV, **(vllm_compat.CPU_ENV if cpu else {}),
+           "MARS_BENCH_VLLM_PLUGIN": "1", "MARS_BENCH_VLLM_AUDIT": audit_dir}
+    if cpu and os.environ.pop(vllm_compat.CPU_KV_ENV, ""):   # vLLM's CPU platform would let it override the share
+        log.warning("engine=vllm: %s ignored; engine.kv_cache_gib sets the KV cache", vllm_compat.CPU_KV_ENV)
+    os.environ.update(vllm_compat.carried_to_workers(env, os.environ.get(vllm_compat.RAY_EXTRA_ENV, "")))
+    from vllm import LLM
+
+    kwargs = dict(model=target_dir, tokenizer=target_dir, dtype=DTYPES[cfg.model.dtype], seed=int(cfg.seed),
+                  max_model_len=_max_model_len(e.max_model_len, target_dir, cpu), enforce_eager=bool(e.enforce_eager), speculative_config=spec,
+                  tensor_parallel_size=int(e.tensor_parallel_size), pipeline_parallel_size=int(e.pipeline_parallel_size),
+                  distributed_executor_backend=e.distributed_executor_backend,
+                  max_num_seqs=int(e.max_num_seqs or cfg.get("batch_size", 1) or 1), disable_log_stats=False,
+                  **vllm_compat.llm_kwargs(cpu, share, spec is not None))
+    log.info("vLLM %s: LLM(%s)", vllm_compat.installed_version(),
+             ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k not in ("tokenizer",)))
+    try:
+        return LLM(**kwargs)
+    except ValueError as err:   # vLLM's validation, e.g. tensor_parallel_size larger than the visible devices
+        from mars_bench.base.errors import ConfigError
+
+        first = " ".join(str(err).split())[:300]
+        raise ConfigError(f"vLLM refused the engine settings: {first}") from err
+
+
+CPU_MAX_MODEL_LEN = 4096   # CPU, engine.max_model_len null: the KV cache (engine.kv_cache_gib) must hold one request
+
+
+def _max_model_len(given, target_dir: str, cpu: bool) -> int | None:
+    """engine.max_model_len; null: vLLM's own (the model's context) on GPUs, at most CPU_MAX_MODEL_LEN on CPU."""
+    if given is not None:
+        return int(given)
+    if not cpu:
+        return None
+    from transformers import AutoConfig
+
+    own = getattr(AutoConfig.from_pretrained(target_dir), "max_position_embeddings", None) or CPU_MAX_MODEL_LEN
+    return min(int(own), CPU_MAX_MODEL_LEN)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
