@@ -11,7 +11,8 @@ import torch
 from mars_bench.decode import DecodeConfig, Method
 from mars_bench.decode.generate import Request, generate_batch
 from mars_bench.decode.tree import TreeSpec
-from mars_bench.models.adapter import FIXED_MIN, CausalLMAdapter, fixed_columns
+from mars_bench.models.adapter import CausalLMAdapter
+from mars_bench.models.forward.fixed import FIXED_MIN, fixed_columns
 from mars_bench.models.kvcache import capacity
 
 from .conftest import EOS, MAX_NEW

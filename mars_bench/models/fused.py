@@ -12,7 +12,7 @@ lookup, rotary angles, final norm and LM head stay in torch.
 Scope: Qwen2 / Llama decoders, full attention, SiLU MLP, whose linear layers are all ``QuantLinear``
 (``model.draft_quant=q4|q8``) or bf16 ``PanelLinear`` (the CPU fast path, ``model.dtype=bf16``); the adapter's
 batched forwards without hidden states (chains and draft trees, any batch size) and single-sequence chain forwards of up to
-``adapter.FUSED_MAX`` tokens after a prefill. Prefills, hidden-state forwards (EAGLE) and single-sequence forwards
+``models.forward.FUSED_MAX`` tokens after a prefill. Prefills, hidden-state forwards (EAGLE) and single-sequence forwards
 with a mask keep the transformers path. Each token is computed from its own inputs and keys only (row-invariant
 linears, attention over exactly the cache columns it may see, fixed summation order), so a row's logits do not
 depend on its batch or on how many tokens a forward scores: ar's one-token forwards and a verification's k + 1

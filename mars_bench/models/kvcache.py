@@ -16,7 +16,7 @@ is ever gathered to compact it:
 - ``GrowingCache`` (one sequence): a forward appends at the width; ``crop`` slices the view; the adapter's
   ``keep`` keeps a tree's accepted path by moving its few columns down in place (``move``; the prefix is not
   touched).
-- ``RowCache`` (the batch, ``models.adapter.BatchCacheMixin``): row b's new tokens go to ITS columns
+- ``RowCache`` (the batch, ``models.batched.BatchCacheMixin``): row b's new tokens go to ITS columns
   len_b .. len_b + n - 1 (``write_at``, set before a forward), so a row's committed tokens are always its
   columns 0 .. len_b - 1: a crop lowers len_b (later writes overwrite the rest), a tree's path moves within
   the row's tail, and the columns a row does not hold are masked out by the adapter.

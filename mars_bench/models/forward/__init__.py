@@ -1,0 +1,36 @@
+"""An adapter's forward paths, one module each behind one interface (``path.ForwardPath``), and the one place that
+picks one (``choose``):
+
+- ``eager``: transformers' modules over cache views exactly as wide as the tokens held (prefills, hidden states,
+  single-sequence forwards with a mask, and every forward that neither of the others takes);
+- ``fused``: one C call per layer (``models.fused.FusedDecoder``, set as ``adapter.fused`` by the loader where the
+  model qualifies): a single sequence's chains of 1 .. FUSED_MAX tokens after a prefill, scored with logits, and
+  batched forwards (chains and trees) without hidden states;
+- ``fixed``: fixed shapes (``adapter.fixed_shape``, what ``model.capture`` sets): batched forwards and a single
+  sequence's forwards of up to FUSED_MAX tokens after a prefill, over power-of-two cache widths, so each shape is
+  captured once (CUDA graphs).
+The fused path comes first where both it and fixed shapes are on.
+"""
+from __future__ import annotations
+
+from mars_bench.models.forward.eager import Eager
+from mars_bench.models.forward.fixed import Fixed
+from mars_bench.models.forward.fused import Fused
+from mars_bench.models.forward.path import ForwardPath
+
+FUSED_MAX = 32           # single-sequence forwards of at most this many tokens take the fused or fixed path
+EAGER, FUSED, FIXED = Eager(), Fused(), Fixed()
+
+
+def choose(a, width: int, n: int, batched: bool, hidden_states: bool = False, chain: bool = True) -> ForwardPath:
+    """The path of adapter ``a``'s next forward: ``n`` new tokens (a batch: the most a row takes) after ``width``
+    cached columns (a batch: its longest row); ``batched``: ``batch_forward`` (else ``forward``); ``chain``: a
+    single sequence's chain scored with logits (no attention mask, no position ids)."""
+    if a.fused is not None and width and not hidden_states and (batched or (chain and 0 < n <= FUSED_MAX)):
+        return FUSED
+    if a.fixed_shape and (batched or (width and n <= FUSED_MAX)):
+        return FIXED
+    return EAGER
+
+
+__all__ = ["EAGER", "FIXED", "FUSED", "FUSED_MAX", "ForwardPath", "choose"]

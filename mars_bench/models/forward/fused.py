@@ -1,0 +1,81 @@
+"""The fused forward path: each layer one C call (``a.fused``, a ``models.fused.FusedDecoder``; the kernels, the
+models it covers and why are told there).
+
+The decoder takes a flat list of M new tokens, each with its row, cache column, position and the cache columns it
+attends to (``flat``: all of them with offsets). A chain token i of row b sits at column and position len_b + i and
+attends to the row's columns 0 .. len_b + i (``chain_keys``); a tree token at column len_b + i, position
+len_b + depth_i, attends to the row's len_b committed columns, its ancestors and itself (``tree_keys``). A single
+sequence is a batch of one row over its own cache.
+"""
+from __future__ import annotations
+
+import torch
+
+from mars_bench.models.forward.path import ForwardPath
+
+
+class Fused(ForwardPath):
+    """``a.fused``'s one call per layer: chains of a single sequence, chains and trees of a batch (no hidden
+    states, no prefill: ``models.forward.choose`` sends only those here)."""
+
+    def forward(self, a, ids, attention_mask, position_ids, logits: bool, hidden_states: bool):
+        n, width = ids.shape[1], a.cache_len
+        at = torch.arange(width, width + n, device=a.device)
+        with a.timed():
+            z = a.fused.forward(a.cache, ids[0], at, torch.zeros_like(at), at, *flat(chain_keys(width, n)),
+                                1, width + n)
+        return a.widen_logits(z)
+
+    def batch_forward(self, a, tokens: list, held: list[int], trees: list | None, hidden_states: bool):
+        ids, rows, cols, pos, keys = [], [], [], [], []
+        for b, t in enumerate(tokens):
+            if not len(t):
+                continue
+            t = t.tolist() if isinstance(t, torch.Tensor) else list(t)     # the fused path runs on the CPU
+            tree = trees[b] if trees else None
+            ids += t
+            rows += [b] * len(t)
+            cols += range(held[b], held[b] + len(t))
+            if tree is None:
+                pos += range(held[b], held[b] + len(t))
+                keys += chain_keys(held[b], len(t))
+            else:
+                pos += [held[b] + d for d in tree.depths[:len(t)]]
+                keys += tree_keys(held[b], tree.parents[:len(t)])
+        ids, pos, rows, cols = (torch.tensor(x, device=a.device) for x in (ids, pos, rows, cols))
+        with a.timed():
+            z = a.fused.forward(a.bcache, ids, pos, rows, cols, *flat(keys), a.batch_rows, max(a.blens))
+        a.show_batch()
+        z = a.widen_logits(z)
+        parts, at = [], 0
+        for t in tokens:
+            parts.append(z[at:at + len(t)])
+            at += len(t)
+        return parts
+
+
+def chain_keys(length: int, n: int) -> list[torch.Tensor]:
+    """Cache columns each of a row's n new chain tokens attends to: the row's ``length`` cached columns, then
+    its new columns length .. length + i (token i and the ones before it)."""
+    return [torch.arange(length + i + 1) for i in range(n)]
+
+
+def tree_keys(length: int, parents: list[int]) -> list[torch.Tensor]:
+    """Cache columns each of a row's new tree tokens attends to: the row's ``length`` cached columns, then the
+    columns length + j of its ancestors j among the new tokens (``parents``: -1 = the committed sequence) and
+    its own, ascending."""
+    out = []
+    for i in range(len(parents)):
+        path, j = [], i
+        while j >= 0:
+            path.append(length + j)
+            j = parents[j]
+        out.append(torch.cat([torch.arange(length), torch.tensor(path[::-1])]))
+    return out
+
+
+def flat(keys: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(all key columns, offsets [M + 1]) for ``FusedDecoder.forward``."""
+    off = torch.zeros(len(keys) + 1, dtype=torch.long)
+    off[1:] = torch.tensor([len(k) for k in keys]).cumsum(0)
+    return torch.cat(keys), off
