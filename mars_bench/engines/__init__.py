@@ -10,7 +10,8 @@ A new engine = ``engines/<name>.py`` + ``conf/engine/<name>.yaml`` + tests: the 
     check(cfg, method) -> str    what it cannot run of the job's config and its resolved ``Method``, refused in
                                  one line (ValueError), before any model loads; returns the engine's version
                                  (recorded in ``engine.version``)
-    Models(cfg, methods)         the runner's ``Models`` for it: ``decode`` / ``decode_batched`` (same records)
+    Models(cfg, methods)         the loaded models (``runner.models_for`` builds them): ``decode`` /
+                                 ``decode_batched`` (same records)
 """
 from __future__ import annotations
 

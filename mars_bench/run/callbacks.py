@@ -77,7 +77,7 @@ def validate_sweep(config: DictConfig, check_task: bool = True) -> int:
             if check_task and key not in seen_tasks:
                 from mars_bench.run.runner import prepare
 
-                prepare(cfg)   # validation and the engine's checks, then: unknown task or subset, missing data, bad task option
+                prepare(cfg)   # validation, the engine's checks; unknown task or subset, missing data, bad task option
                 seen_tasks.add(key)
             else:
                 validate_engine(cfg, validate(cfg))   # validate resolves the job's Method; the engine checks that one

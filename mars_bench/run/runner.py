@@ -315,8 +315,8 @@ CHUNK_BATCHES = 4   # interleaved and batched: each method decodes 4 x batch_siz
 
 
 def decode_samples(ctx, job: Job, todo: list, logger, bar, order: int = 0, source=None) -> None:
-    """The job's samples ``todo`` ([(index, sample)]) decoded (the loaded models' ``decode_batched``), each record written
-    as it finishes."""
+    """The job's samples ``todo`` ([(index, sample)]) decoded (the loaded models' ``decode_batched``), each record
+    written as it finishes."""
     ctx.decode_batched(job, todo, lambda sample, rec: (_write(job, sample, rec, logger), bar.update(1)), order=order,
                        source=source)
 
