@@ -330,7 +330,7 @@ def main():
     recs = [r for run in loaded if run["spec"].get("engine") == "vllm" for r in run["records"]]
     meta = {"pair": args.pair, "dtype": "fp32", "limit": args.limit, "max_new_tokens": args.max_new_tokens,
             "reps": args.reps, "threads": args.threads, "vllm": installed_version(),
-            "theta": next((r["theta"] for r in recs if r["rule"] == "mars"), None),
+            "theta": next((r["rule_settings"]["theta"] for r in recs if r["rule"] == "mars"), None),
             "machine": machine_label(recs[0].get("machine") if recs else None),
             "bench_s": None if args.tables_only else time.perf_counter() - t0,
             "runs": str(runs)}

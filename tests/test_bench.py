@@ -11,7 +11,6 @@ import re
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 
 from mars_bench.run import bench as B
 from mars_bench.config import schema as C
@@ -52,12 +51,11 @@ def hydra_ctx():
 
 
 def variants(overrides: list[str]) -> list:
-    """The runner's own composition of the interleave entries (runner.variant_configs), as `mars-bench` would."""
-    from mars_bench.run.runner import variant_configs
+    """The CLI's own composition of the interleave entries (cli.app.variant_configs), as `mars-bench` would."""
+    from mars_bench.cli.app import variant_configs
 
     cfg = compose("config", overrides=overrides, return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    return cfg, variant_configs(cfg)
+    return cfg, variant_configs(cfg, list(cfg.hydra.overrides.task))
 
 
 @pytest.mark.parametrize("task", B.TASKS)

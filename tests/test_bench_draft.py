@@ -8,7 +8,6 @@ import importlib.util
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 
 from mars_bench.run import bench as B
 from mars_bench.config import schema as C
@@ -31,14 +30,13 @@ def test_draft_settings_become_model_overrides():
 
 
 def test_interleave_list_composes_to_the_swept_methods():
-    from mars_bench.run.runner import variant_configs
+    from mars_bench.cli.app import variant_configs
 
     C.register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["+compare=bench_draft", "task=gsm8k", *B.draft_overrides("q4+v32768"),
                                            bd.entries([4, 6], [8], [["method=lookup"]])], return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)
-        vs = variant_configs(cfg)
+        vs = variant_configs(cfg, list(cfg.hydra.overrides.task))
     got = [(method_of(v).name, method_of(v).k if v.method.name != "ar" else None,
             method_of(v).rule_kwargs.get("theta")) for v in vs]
     assert got == [("ar", None, None), ("sd", 4, None), ("sd", 6, None), ("sd", 8, 0.9), ("lookup", 4, None)]

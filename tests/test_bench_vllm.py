@@ -18,7 +18,8 @@ SETTINGS = S.StatsSettings(n_boot=200)
 
 
 def record(i, rule, tokens, wall, proposed, accepted, out=None):
-    return {"id": f"s{i}", "rule": rule, "theta": 0.9 if rule == "mars" else None, "k": 4, "new_tokens": tokens,
+    return {"id": f"s{i}", "rule": rule, "rule_settings": {"theta": 0.9} if rule == "mars" else {}, "k": 4,
+            "new_tokens": tokens,
             "steps": len(proposed), "wall_s": wall, "n_relaxed": 1 if rule == "mars" else 0, "machine": None,
             "turns": [{"proposed": proposed, "accepted": accepted, "output_ids": out or [i, tokens]}]}
 

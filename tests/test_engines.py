@@ -10,6 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from mars_bench.base.errors import ConfigError
+from mars_bench.config.settings import method_of
 from mars_bench.config.validation import validate
 from mars_bench import engines
 from mars_bench.run import runner as R
@@ -26,9 +27,9 @@ def test_the_engines_are_the_yaml_files_native_first():
 def test_an_engine_without_a_yaml_is_refused_in_one_line(tmp_path):
     cfg = tiny_cfg(tmp_path, "method=ar", "task=gsm8k", "limit=1")
     cfg.engine.name = "nope"
-    validate(cfg)                                       # the schema leaves engine.name to the engines
+    method = validate(cfg)                              # the schema leaves engine.name to the engines
     with pytest.raises(ConfigError) as e:
-        engines.validate(cfg)
+        engines.validate(cfg, method)
     assert str(e.value) == f"engine.name='nope'; allowed: {', '.join(engines.names())}"
 
 
@@ -46,13 +47,14 @@ def fake_engine(tmp_path, monkeypatch):
         def __init__(self, cfg, methods):
             native = OmegaConf.create(OmegaConf.to_container(cfg))
             native.engine.name = "native"
-            self._native = R.Models(native, methods)
+            self._native = R.models_for(native, methods)
             built.append([m.name for m in methods])
 
         def __getattr__(self, name):
             return getattr(self._native, name)
 
-    def check(cfg):
+    def check(cfg, method):
+        assert method == method_of(cfg)                  # the job's Method, resolved by validation
         if cfg.temperature > 0:
             raise ValueError(f"temperature={cfg.temperature} cannot run on engine=fake; allowed: 0")
         return "fake-1.0"

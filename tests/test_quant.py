@@ -9,7 +9,7 @@ import torch
 from mars_bench.config.spec import spec_of
 from mars_bench.base.errors import ConfigError
 from mars_bench.config import schema as C
-from mars_bench.config.settings import draft_quant_of
+from mars_bench.config.settings import draft_quant_of, method_of
 from mars_bench.config.validation import validate
 from mars_bench.decode import DecodeConfig, Method, generate
 from mars_bench.models import panel, quant
@@ -174,7 +174,7 @@ def test_without_vnni_q4_falls_back_to_int8_in_one_line_and_says_so(monkeypatch,
     monkeypatch.setattr(quant, "_state", {"why": "CPU 'test' lacks avx512_vnni"})
     assert not quant.available()
     cfg = _cfg(draft_quant="q4")
-    assert draft_quant_of(cfg) == "int8row" and "-draftint8row-" in spec_of(cfg, 16).label
+    assert draft_quant_of(cfg, method_of(cfg)) == "int8row" and "-draftint8row-" in spec_of(cfg, 16).label
     with caplog.at_level(logging.WARNING):
         assert pairs._quantize_draft("q4") == "int8"
     assert [r.getMessage() for r in caplog.records] == [

@@ -24,7 +24,7 @@ TURN_KEYS = ["stop_reason", "steps", "proposed", "accepted", "relaxed", "z1", "z
              "prefill_s", "wall_s", "target_s", "draft_s", "prompt_tokens", "new_tokens", "n_retokenized", "tau",
              "output_ids", "output_text"]
 SAMPLE_KEYS = ["record_version", "id", "index", "task", "task_version", "model", "method", "scheme", "rule",
-               "rule_settings", "k", "p_min", "draft_quant", "fast_kernel", "theta", "temperature", "seed", "timing",
+               "rule_settings", "k", "p_min", "draft_quant", "fast_kernel", "temperature", "seed", "timing",
                "order", "phase", "machine", "commit", "new_tokens", "steps", "tau", "n_proposed", "n_accepted", "n_exact", "n_relaxed",
                "n_by_clause", "prefill_s", "wall_s", "target_s", "draft_s", "score", "batch_size", "turns"]
 
@@ -62,7 +62,8 @@ def test_runner_builds_a_versioned_record_with_todays_keys():
     assert list(rec) == SAMPLE_KEYS and rec["record_version"] == RECORD_VERSION
     assert (rec["new_tokens"], rec["steps"], rec["tau"]) == (4, 3, 4 / 3)
     assert (rec["n_proposed"], rec["n_accepted"], rec["n_exact"], rec["n_relaxed"]) == (6, 2, 1, 1)
-    assert rec["n_by_clause"] == {"top2": 1} and rec["wall_s"] == pytest.approx(1.0) and rec["theta"] == 0.9
+    assert rec["n_by_clause"] == {"top2": 1} and rec["wall_s"] == pytest.approx(1.0)
+    assert rec["rule_settings"]["theta"] == 0.9 and SampleRecord.from_dict(rec).theta == 0.9   # theta once
     assert rec["method"] == "mars" and rec["timing"] == "sequential" and rec["order"] == 1
     assert "span_s" not in rec["turns"][0] and rec["turns"][1]["span_s"] == 2.5
     back = SampleRecord.from_dict(json.loads(json.dumps(rec)))
@@ -88,9 +89,29 @@ def test_a_record_written_before_the_version_existed_loads():
     assert rec.record_version == 0 and rec.id == old["id"] and rec.new_tokens == old["new_tokens"]
     assert rec.scheme is None and rec.fast_kernel is None and rec.turns[0].n_retokenized is None
     assert rec.turns[0].output_ids == old["turns"][0]["output_ids"] and rec.extra == {}
-    out = rec.to_dict()                                                 # its own keys unchanged
-    assert {k: v for k, v in out.items() if k in old and k != "turns"} == {k: v for k, v in old.items() if k != "turns"}
+    out = rec.to_dict()                             # its own keys unchanged, but theta (held in rule_settings)
+    assert "theta" not in out and rec.theta == old["theta"] is None
+    assert {k: v for k, v in out.items() if k in old and k != "turns"} == {
+        k: v for k, v in old.items() if k not in ("turns", "theta")}
     assert [{k: v for k, v in t.items() if k in o} for t, o in zip(out["turns"], old["turns"])] == old["turns"]
+
+
+@pytest.mark.parametrize("line,theta,settings", [
+    ({"id": "a", "theta": 0.9}, 0.9, {"theta": 0.9}),                              # before rule_settings existed
+    ({"id": "a", "theta": 0.9, "rule_settings": {"theta": 0.9, "x": 1}}, 0.9, {"theta": 0.9, "x": 1}),   # both
+    ({"id": "a", "rule_settings": {"theta": 0.8}}, 0.8, {"theta": 0.8}),           # today's: rule_settings only
+    ({"id": "a", "theta": None, "rule_settings": {}}, None, {}),                   # a rule without theta
+])
+def test_theta_is_read_from_rule_settings_of_old_and_new_lines(line, theta, settings):
+    rec = SampleRecord.from_dict(line)
+    assert rec.theta == theta and rec.rule_settings == settings and "theta" not in rec.to_dict()
+    assert "theta" not in rec.extra
+
+
+def test_the_committed_fixtures_read_their_theta():
+    for run, theta in (("mars-k2-th0.9-T0-p1-n8-s0", 0.9), ("ar-T0-p1-n8-s0", None)):
+        recs = R.as_records(_fixture(run))
+        assert {r.theta for r in recs} == {theta}
 
 
 @pytest.mark.parametrize("bad,needle", [

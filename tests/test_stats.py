@@ -197,11 +197,13 @@ def test_tiny_run_summary_holds_intervals_and_the_report_renders_them(tmp_path):
     for m in ("ar", "sd", "mars"):
         R.run(tiny_cfg(tmp_path, f"method={m}", *extra))
     cfg = tiny_cfg(tmp_path, "method=mars", *extra)
-    task, samples, data_dir, max_new, task_dir = R.prepare(cfg)
+    task, samples, data_dir, max_new, task_dir, method = R.prepare(cfg)
     cfg_sd = tiny_cfg(tmp_path, "method=sd", *extra)
-    s = summarize_run(task_dir / run_tag(cfg, max_new), task, samples, cfg, data_dir,
-                      ar_dir=task_dir / spec_of(cfg, max_new).baseline().dir_name, sd_dir=task_dir / run_tag(cfg_sd, max_new),
-                      draft_quant=draft_quant_of(cfg))
+    spec = spec_of(cfg, max_new)
+    s = summarize_run(task_dir / spec.dir_name, task, samples, spec, model=cfg.model.name, data_dir=data_dir,
+                      settings=S.StatsSettings.from_cfg(cfg), config=OmegaConf.to_container(cfg, resolve=True),
+                      draft_quant=draft_quant_of(cfg, method), ar_dir=task_dir / spec.baseline().dir_name,
+                      sd_dir=task_dir / run_tag(cfg_sd, max_new))
     on_disk = json.loads((task_dir / run_tag(cfg, max_new) / "summary.json").read_text())
     st = on_disk["stats"]
     assert st["settings"]["n_boot"] == 500                       # cfg.stats reached the module

@@ -4,6 +4,9 @@ Bad input (``ConfigError``, ``DataError``, a draft with another tokenizer) ends 
 code 2, before any model loads or file is written; a results file that cannot be written
 (``StorageError``) with one line and exit 1; SIGINT / SIGTERM with one line and 130 / 143 (finished
 samples kept); every other exception is a bug and keeps its traceback.
+
+Hydra's global state (``HydraConfig``, ``compose``) is read here and nowhere below: ``launch_of`` turns it into a
+``Launch`` (the interleaved variants' configs, the sweep's name) that the runner and study mode take.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from omegaconf import DictConfig
 
 from mars_bench.config import schema as C
 from mars_bench.base.errors import ConfigError
-from mars_bench.config.overrides import check_overrides
+from mars_bench.config.overrides import Launch, check_overrides
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")   # shipped as package data
 C.register()
@@ -28,15 +31,55 @@ def bad_input_errors() -> tuple:
     return ConfigError, DataError, TokenizerMismatch
 
 
-def run_or_exit(cfg):
-    """``runner.run``, or ``study_mode.run_study`` for a study (``study.batch_size`` > 0); bad input and storage
-    errors end the process with one line, bugs propagate."""
+def variant_configs(cfg, overrides) -> tuple:
+    """The config of every entry of ``interleave`` (a list of override lists), composed like a job of a sweep
+    from this job's own ``overrides`` (Hydra's task overrides) plus the entry's; entries may change only method.*
+    and rule.*. Each variant is a plain run (no interleave, study.batch_size 0: the study drives them)."""
+    from hydra import compose
+    from omegaconf import OmegaConf
+
+    base = [o for o in overrides if not o.lstrip("+~").split("=")[0] in ("interleave", "compare")]
+    out = []
+    for entry in cfg.get("interleave") or []:
+        entry = [entry] if isinstance(entry, str) else list(entry)
+        bad = [o for o in entry if o.split("=")[0].lstrip("+~").split(".")[0] not in ("method", "rule")]
+        if bad:
+            raise ConfigError(f"interleave entry {bad[0]!r}; allowed: overrides of method.* and rule.* only "
+                              "(the compared methods share model, task and decoding settings)")
+        v = compose(config_name="config", overrides=base + entry)
+        OmegaConf.set_struct(v, False)
+        v.interleave = []
+        v.study.batch_size = 0
+        out.append(v)
+    return tuple(out)
+
+
+def launch_of(cfg) -> Launch:
+    """What this command chose beyond ``cfg``, read from Hydra's global state once: the interleaved variants'
+    configs and the sweep's name (``Launch``). Outside a Hydra app (a test calling ``run_or_exit``): no
+    variants, sweep ``run``."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return Launch()
+    hc = HydraConfig.get()
+    choices = hc.runtime.choices
+    sweep = choices.get("sweep") or choices.get("experiment") or ("multirun" if hc.mode == RunMode.MULTIRUN
+                                                                  else "run")
+    return Launch(variants=variant_configs(cfg, list(hc.overrides.task)), sweep=sweep)
+
+
+def run_or_exit(cfg, launch: Launch | None = None):
+    """``runner.run``, or ``study_mode.run_study`` for a study (``study.batch_size`` > 0), with ``launch``
+    (``launch_of(cfg)`` when None); bad input and storage errors end the process with one line, bugs propagate."""
     from mars_bench.base.locking import StorageError
     from mars_bench.run.runner import run
     from mars_bench.run.study import run_study
 
     try:
-        return (run_study if cfg.study.batch_size else run)(cfg)
+        launch = launch if launch is not None else launch_of(cfg)
+        return (run_study if cfg.study.batch_size else run)(cfg, launch)
     except StorageError as e:         # full disk / read-only results: one line naming the path, exit 1
         print(f"mars-bench: error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -1,13 +1,24 @@
 """Command-line overrides checked before Hydra composes them: text Hydra cannot parse, a value of the wrong type
 for its schema field, an unknown setting or group option, each one ``ConfigError`` line instead of Hydra's
-multi-line error."""
+multi-line error; and ``Launch``, what the command line chose beyond the job's config, read from Hydra once by the
+CLI and handed down."""
 from __future__ import annotations
 
-from dataclasses import MISSING
+from dataclasses import MISSING, dataclass
 from typing import Any
 
 from mars_bench.config.schema import Config
 from mars_bench.base.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the command line chose beyond the job's own config, read once by the CLI (``cli.app``) and handed down:
+    ``variants``, the composed config of every ``interleave`` entry (the CLI composes them from this job's
+    overrides plus the entry's; empty without ``interleave``), and ``sweep``, the name that groups the job's runs
+    (the chosen ``sweep`` or ``experiment`` config, else ``multirun`` / ``run``; the W&B group)."""
+    variants: tuple = ()
+    sweep: str = "run"
 
 
 def _type_words(tp: Any) -> str:

@@ -10,6 +10,7 @@ from mars_bench.decode.rules import RULES
 from mars_bench.decode.types import DecodeConfig, Method, resolve, scheme_of
 from mars_bench.base.errors import ConfigError
 from mars_bench.models.schemes import DRAFT_QUANT_SCHEME
+from mars_bench.store.spec import RunSpec
 
 
 def rule_settings(cfg: Any, rule_name: str) -> dict:
@@ -35,11 +36,11 @@ def rule_settings(cfg: Any, rule_name: str) -> dict:
         raise ConfigError(str(e)) from None
 
 
-def draft_quant_of(cfg: Any, method: Optional[Method] = None) -> Optional[str]:
+def draft_quant_of(cfg: Any, method: Method) -> Optional[str]:
     """The draft quantization that runs, for methods that draft with the pair's draft model; None for the others.
-    q4 / q8 where their kernel cannot run (no AVX512-VNNI, no compiler) run int8, and say so here. ``method``:
-    ``method_of(cfg)`` when the caller holds it (else computed)."""
-    if not (method or method_of(cfg)).scheme.draft_lm:
+    q4 / q8 where their kernel cannot run (no AVX512-VNNI, no compiler) run int8, and say so here. ``method``: the
+    job's ``method_of(cfg)``, resolved once by the caller."""
+    if not method.scheme.draft_lm:
         return None
     from mars_bench.models.quant import runs_as
 
@@ -73,7 +74,8 @@ def max_new_tokens_of(cfg: Any, task_default: int) -> int:
     return cfg.max_new_tokens or cfg.task.max_new_tokens or cfg.protocol.max_new_tokens or task_default
 
 
-def decode_config(cfg: Any, max_new_tokens: int, eos_ids, stop_strings) -> DecodeConfig:
-    return DecodeConfig(max_new_tokens=max_new_tokens, temperature=float(cfg.temperature),
-                        top_p=float(cfg.top_p), eos_ids=tuple(eos_ids), stop_strings=tuple(stop_strings),
-                        budget=cfg.protocol.budget)
+def decode_config(spec: RunSpec, max_new_tokens: int, eos_ids, stop_strings) -> DecodeConfig:
+    """A job's ``DecodeConfig`` from its ``RunSpec`` (temperature, top-p, budget rule as the spec resolved them),
+    its budget ``max_new_tokens`` (the spec's, or a warm-up's shorter one) and the loaded model's stops."""
+    return DecodeConfig(max_new_tokens=max_new_tokens, temperature=spec.temperature, top_p=spec.top_p,
+                        eos_ids=tuple(eos_ids), stop_strings=tuple(stop_strings), budget=spec.budget)

@@ -22,10 +22,10 @@ def run_spec(cfg, max_new: int, method, draft_quant, task_prompts: str = "ours")
         tree = (f"paths{hashlib.sha1(str([list(p) for p in paths]).encode()).hexdigest()[:8]}" if paths is not None
                 else f"d{m.tree['depth']}-w{m.tree['top_k']}-t{m.tree['total_tokens']}")
     quant = draft_quant
-    engine = cfg.get("engine") or {}
+    engine = cfg.engine        # its name checked (engines.validate), its version filled there
     try:   # the weights the engine runs (vLLM's tiny pair has another shape)
         model, draft_model = pair_identity(cfg.model, uses_draft=s.draft_lm, head=s.head.key if s.head else None,
-                                           engine=engine.get("name", "native"))
+                                           engine=engine.name)
     except IdentityError as e:
         raise ConfigError(str(e)) from None
     return RunSpec(scheme=m.name, rule=m.rule if m.speculative else "exact", temperature=float(cfg.temperature),
@@ -38,9 +38,9 @@ def run_spec(cfg, max_new: int, method, draft_quant, task_prompts: str = "ours")
                    draft_vocab=int(cfg.model.get("draft_vocab", 0) or 0) if quant is not None else 0,
                    batch_size=int(cfg.get("batch_size", 1) or 1), system_prompt=cfg.protocol.system_prompt,
                    budget=cfg.protocol.budget, enable_thinking=cfg.model.enable_thinking, task_prompts=task_prompts,
-                   options=dict(getattr(m, "options", None) or {}), model=model,
-                   draft_model=draft_model if m.speculative else None, engine=engine.get("name", "native"),
-                   engine_version=engine.get("version"))
+                   options=dict(m.options), model=model,
+                   draft_model=draft_model if m.speculative else None, engine=engine.name,
+                   engine_version=engine.version)
 
 
 def spec_of(cfg, max_new: int, task_prompts: str = "ours") -> RunSpec:

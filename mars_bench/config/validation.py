@@ -1,5 +1,6 @@
 """Validation of a composed config: ``validate`` runs before any model is loaded or any file written, and
-raises ``ConfigError`` with a one-line message naming the first bad value and what is allowed."""
+raises ``ConfigError`` with a one-line message naming the first bad value and what is allowed. It resolves the
+job's ``Method`` (``method_of``) to check it and returns it: the job takes that one, resolved once."""
 from __future__ import annotations
 
 import math
@@ -8,7 +9,7 @@ from typing import Any
 from mars_bench.config.schema import DEVICES, DRAFT_QUANT, K_MAX, MAX_NEW_TOKENS_MAX, SEED_MAX, SOURCES, Config
 from mars_bench.decode.rules import RULES
 from mars_bench.decode.tree.build import TreeSpec
-from mars_bench.decode.types import BUDGET_RULES, method_names
+from mars_bench.decode.types import BUDGET_RULES, Method, method_names
 from mars_bench.config.settings import method_of, tree_knobs
 from mars_bench.base.errors import ConfigError
 from mars_bench.stats import StatsSettings
@@ -46,8 +47,9 @@ def _known_keys(cfg: Any) -> None:
                     raise ConfigError(f"unknown key {f.name}.{key}; allowed: {', '.join(allowed)}")
 
 
-def validate(cfg: Any) -> None:
-    """Check every user-facing value; raise ConfigError naming the first bad one."""
+def validate(cfg: Any) -> Method:
+    """Check every user-facing value; raise ConfigError naming the first bad one. Returns the config's ``Method``
+    (``method_of(cfg)``, resolved here once), which the job and the engine's checks take."""
     _known_keys(cfg)
     m = cfg.method
     _one_of("method.name", m.name, method_names())
@@ -108,6 +110,7 @@ def validate(cfg: Any) -> None:
         raise ConfigError(str(e)) from None
     validate_run_settings(cfg)   # ranges the types do not bound (defined at the bottom)
     # engine.name and what the engine can run: engines.validate, after this (the engines are conf/engine/*.yaml)
+    return method
 
 
 def validate_study(cfg: Any) -> None:

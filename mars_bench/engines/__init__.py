@@ -1,5 +1,5 @@
 """Engines: what decodes a job's samples. ``native`` is this package's own loop (``decode/``, run by
-``runner.Models``); every other engine is one module here, named as its ``conf/engine/<name>.yaml``: ``vllm``
+``runner.NativeModels``); every other engine is one module here, named as its ``conf/engine/<name>.yaml``: ``vllm``
 hands the samples to vLLM's offline ``LLM`` (``vllm.py``), with the rule registry inside vLLM's verification
 (``vllm_plugin.py``, ``verify.py``); everything that depends on vLLM's version is in ``vllm_compat.py``.
 docs/vllm.md.
@@ -7,9 +7,11 @@ docs/vllm.md.
 A new engine = ``engines/<name>.py`` + ``conf/engine/<name>.yaml`` + tests: the engines are the YAML files of
 ``conf/engine/``, and the module of one provides
 
-    check(cfg) -> str            what it cannot run, refused in one line (ValueError), before any model loads;
-                                 returns the engine's version (recorded in ``engine.version``)
-    Models(cfg, methods)         the runner's ``Models`` for it: ``decode`` / ``decode_batched`` (same records)
+    check(cfg, method) -> str    what it cannot run of the job's config and its resolved ``Method``, refused in
+                                 one line (ValueError), before any model loads; returns the engine's version
+                                 (recorded in ``engine.version``)
+    Models(cfg, methods)         the loaded models (``runner.models_for`` builds them): ``decode`` /
+                                 ``decode_batched`` (same records)
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-NATIVE = "native"
+from mars_bench.store.spec import NATIVE   # the default engine, named once (RunSpec.engine's default)
+
 CONF = Path(__file__).resolve().parent.parent / "conf" / "engine"
 
 
@@ -31,23 +34,24 @@ def module(name: str):
     return importlib.import_module(f"{__name__}.{name}")
 
 
-def validate(cfg: Any) -> None:
-    """What the chosen engine can run, after ``validation.validate`` (one-line ``ConfigError``): native runs
-    everything the schema allows; another engine refuses what it cannot run (its ``check``), which also returns
-    its version, recorded in ``engine.version``."""
+def validate(cfg: Any, method) -> None:
+    """What the chosen engine can run, after ``validation.validate`` (one-line ``ConfigError``); ``method``: the
+    job's ``Method`` that ``validation.validate`` returned. Native runs everything the schema allows; another
+    engine refuses what it cannot run (its ``check``), which also returns its version, recorded in
+    ``engine.version``."""
     from mars_bench.base.errors import ConfigError
 
-    e = cfg.get("engine")
-    if e is None or e.name == NATIVE:
+    e = cfg.engine
+    if e.name == NATIVE:
         return
     if e.name not in names():
         raise ConfigError(f"engine.name={e.name!r}; allowed: {', '.join(names())}")
     try:
-        e.version = module(e.name).check(cfg)
+        e.version = module(e.name).check(cfg, method)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
 
 def models(cfg: Any, methods):
-    """The ``Models`` of a non-native engine (``runner.Models`` dispatches here)."""
+    """The ``Models`` of a non-native engine (``runner.models_for`` dispatches here)."""
     return module(cfg.engine.name).Models(cfg, methods)

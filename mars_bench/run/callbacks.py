@@ -72,15 +72,15 @@ def validate_sweep(config: DictConfig, check_task: bool = True) -> int:
         except Exception as e:  # composition: unknown key, unknown group option, type error
             raise SweepError(f"{label}: {_one_line(e)}") from None
         try:
-            validate(cfg)
-            validate_engine(cfg)
             key = (cfg.task.name, cfg.protocol.system_prompt, cfg.protocol.task_prompts, cfg.subset, cfg.limit,
                    cfg.data_dir)
             if check_task and key not in seen_tasks:
                 from mars_bench.run.runner import prepare
 
-                prepare(cfg)   # unknown task or subset, missing data, bad task option
+                prepare(cfg)   # validation, the engine's checks; unknown task or subset, missing data, bad task option
                 seen_tasks.add(key)
+            else:
+                validate_engine(cfg, validate(cfg))   # validate resolves the job's Method; the engine checks that one
         except Exception as e:  # ConfigError, unknown task/subset, missing data (DataError)
             raise SweepError(f"{label}: {_one_line(e)}") from None
     return len(jobs)

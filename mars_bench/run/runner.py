@@ -9,28 +9,38 @@ Three ways to compare methods (docs/reproduce.md):
     interval instead of a false speedup. Each method still writes its own run directory, resumable;
   * a study (``study.batch_size`` > 0): mars_bench/run/study.py, which drives the jobs and the interleaved
     path defined here.
+
+A job's settings are resolved once, in ``Job`` (its ``Method``, spec, draft quantization, stats settings, the
+resolved config as a plain dict), and handed down as typed values; what the command line chose beyond the config
+(the interleaved variants, the sweep's name) comes from the CLI as a ``Launch``. Study mode uses ``Job``,
+``models_for``, ``run_interleaved`` and ``run_batched``.
 """
 from __future__ import annotations
 
 import logging
 import os
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
+from typing import NamedTuple
 
 from omegaconf import OmegaConf
 
 from mars_bench.config.spec import run_spec
 from mars_bench.base.errors import ConfigError
 from mars_bench.decode.rules import RULES
+from mars_bench.decode.types import Method
 from mars_bench import engines
-from mars_bench.config.settings import decode_config, draft_quant_of, max_new_tokens_of, method_of
+from mars_bench.config.overrides import Launch
+from mars_bench.config.settings import decode_config, draft_quant_of, max_new_tokens_of
+from mars_bench.stats import StatsSettings
 from mars_bench.store.provenance import machine, machine_label, process_commit
 from mars_bench.store.recordbuild import job_fields, sample_record, sample_seed, turn_record
 from mars_bench.store.writer import SampleWriter
 from mars_bench.store.io import atomic_write_text
 from mars_bench.store.summary import summarize_run
 from mars_bench.tasks.system_prompts import system_prompt_text
-from mars_bench.store.spec import RunSpec, write_spec
+from mars_bench.store.spec import write_spec
 from mars_bench.config.validation import validate
 from mars_bench.run.wandb_logger import make_logger
 
@@ -42,14 +52,25 @@ def model_dir(cfg) -> str:
     return f"{m.name}_{m.dtype}_{m.device}" + {"off": "_nofast", "mkl": "_mklfast"}.get(m.fast_path, "")
 
 
-def prepare(cfg):
+class Prepared(NamedTuple):
+    """What ``prepare`` resolves from a config: the task, its samples, the data folder, the budget, the task's
+    results folder and the ``Method`` validation resolved."""
+    task: object
+    samples: list
+    data_dir: str | None
+    max_new: int
+    task_dir: Path
+    method: Method
+
+
+def prepare(cfg) -> Prepared:
     """Everything that can fail on bad input, before any model is loaded or file written."""
     from mars_bench.tasks import get_task
 
     from mars_bench.tasks.data import DataError
 
-    validate(cfg)
-    engines.validate(cfg)     # what the engine can run; engine=vllm: its version into engine.version (the spec)
+    method = validate(cfg)    # resolves the job's Method, once
+    engines.validate(cfg, method)   # what the engine can run; engine=vllm: its version into engine.version (the spec)
     text = system_prompt_text(cfg.protocol.system_prompt)   # none: the task's own (no system message)
     overrides = {} if text is None else {"system_prompt": text}
     data_dir = os.environ.get("MARS_BENCH_DATA_DIR") or cfg.data_dir
@@ -64,31 +85,54 @@ def prepare(cfg):
         raise ConfigError(str(e)) from None
     max_new = max_new_tokens_of(cfg, task.max_new_tokens)
     task_dir = Path(cfg.results_dir) / model_dir(cfg) / f"{task.name}-v{task.version}"
-    return task, samples, data_dir, max_new, task_dir
+    return Prepared(task, samples, data_dir, max_new, task_dir, method)
 
 
 class Job:
     """One method's run directory within a run: its config, spec (``tag``), method, writer and samples to do,
-    and the fields its records share (``fields``): every per-job setting, resolved once here. The directory is
-    named by the spec (``RunSpec.dir_name``), so a rerun of the same command finds it; the spec is written there
-    as run.json, and the resolved config as config.yaml, when this job claims its first sample, before decoding it."""
+    and the fields its records share (``fields``): every per-job setting, resolved once here (the ``Method`` by
+    validation, the spec, the draft quantization, the stats settings, ``config``: the resolved config as a plain
+    dict). The directory is named by the spec (``RunSpec.dir_name``), so a rerun of the same command finds it; the
+    spec is written there as run.json, and the resolved config as config.yaml, when this job claims its first
+    sample, before decoding it."""
 
     def __init__(self, cfg, interleaved: bool = False, phase: str | None = None):
         self.cfg, self.interleaved, self.phase = cfg, interleaved, phase
-        self.task, self.samples, self.data_dir, self.max_new, self.task_dir = prepare(cfg)
-        self.method = method_of(cfg)                          # once per job; the spec and records take it
+        self.task, samples, self.data_dir, self.max_new, self.task_dir, self.method = prepare(cfg)
         self.draft_quant = draft_quant_of(cfg, self.method)
         self.tag = run_spec(cfg, self.max_new, self.method, self.draft_quant,
                             task_prompts=self.task.options.get("prompts", "ours"))
+        self.model, self.stats, self.progress = cfg.model.name, StatsSettings.from_cfg(cfg), bool(cfg.progress)
+        self.config = OmegaConf.to_container(cfg, resolve=True)   # after prepare: engine.version is filled
         self.run_dir = self.task_dir / self.tag.dir_name
         self._check_owner()
-        self.fields = {**job_fields(self.tag, self.task, cfg.model.name, self.draft_quant, interleaved, phase),
+        self.fields = {**job_fields(self.tag, self.task, self.model, self.draft_quant, interleaved, phase),
                        "commit": process_commit()}
+        self._loaded = samples
+        self._start(samples)
+        sweep = RULES[self.tag.rule].sweep if self.method.speculative else None
+        self.label = f"{self.model} | {self.task.name} | {self.tag.head}" + (
+            f" {sweep}={self.tag.settings[sweep]:g}" if sweep else "")
+
+    def _start(self, samples: list) -> None:
+        """``samples`` to run, a writer on the run directory, and the samples still to do."""
+        self.samples = samples
         self.writer = SampleWriter(self.run_dir / "samples.jsonl", on_start=self.write_spec)
         self.todo = {s.id for s in self.samples if s.id not in self.writer.done}
-        sweep = RULES[self.tag.rule].sweep if self.method.speculative else None
-        self.label = f"{cfg.model.name} | {self.task.name} | {self.tag.head}" + (
-            f" {sweep}={self.tag.settings[sweep]:g}" if sweep else "")
+
+    def first(self, n: int) -> "Job":
+        """This job narrowed to the first ``n`` of the samples it loaded, as if built with ``limit=n`` (study
+        mode's timed sample as it grows; the config it records says so), with a writer of its own: no
+        validation, task load or spec again."""
+        self.config = {**self.config, "limit": n}
+        self._start(self._loaded[:n])
+        return self
+
+    @cached_property
+    def row_invariant(self) -> bool:
+        """Whether this job's target gives a row the same logits whatever the rows a forward scores
+        (``backend_row_invariant``)."""
+        return backend_row_invariant(self.cfg)
 
     def _check_owner(self) -> None:
         """A run directory whose run.json names other settings or other weights is never resumed (one line)."""
@@ -115,32 +159,42 @@ class Job:
             write_spec(self.run_dir, self.tag)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        atomic_write_text(self.run_dir / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
+        atomic_write_text(self.run_dir / "config.yaml", OmegaConf.to_yaml(self.config))
+
+    def logger(self, sweep: str):
+        """This job's experiment-tracker logger (``make_logger``); ``sweep``: the ``Launch``'s."""
+        return make_logger(self.cfg.logger, self.run_dir, self.config, spec=self.tag, sweep=sweep)
 
     def summarize(self) -> dict:
         ref = self.tag.lossless_reference()
         ar_dir = self.task_dir / self.tag.baseline().dir_name if self.tag.scheme != "ar" else None
-        return summarize_run(self.run_dir, self.task, self.samples, self.cfg, self.data_dir, ar_dir=ar_dir,
-                             sd_dir=self.task_dir / ref.dir_name if ref else None, spec=self.tag,
-                             draft_quant=self.draft_quant)
+        return summarize_run(self.run_dir, self.task, self.samples, self.tag, model=self.model,
+                             data_dir=self.data_dir, settings=self.stats, config=self.config,
+                             draft_quant=self.draft_quant, ar_dir=ar_dir,
+                             sd_dir=self.task_dir / ref.dir_name if ref else None)
 
 
-def run(cfg) -> dict | list[dict]:
-    """One job; with ``interleave`` set, every compared method of it, interleaved (returns their summaries).
-    A study (``study.batch_size`` > 0) is ``study_mode.run_study``'s, never this."""
+def run(cfg, launch: Launch = Launch()) -> dict | list[dict]:
+    """One job; with ``interleave`` set, every compared method of it (``launch.variants``, composed by the CLI),
+    interleaved (returns their summaries). A study (``study.batch_size`` > 0) is ``study.run_study``'s, never
+    this."""
     if cfg.study.batch_size:
-        raise ValueError("runner.run is the plain run; a config with study.batch_size > 0 goes to study_mode.run_study")
+        raise ValueError("runner.run is the plain run; a config with study.batch_size > 0 goes to study.run_study")
     if cfg.get("interleave"):
-        return run_interleaved(cfg, variant_configs(cfg))
+        if not launch.variants:
+            raise ValueError("interleave is set but launch.variants is empty; allowed: the variants the CLI "
+                             "composes (cli.app.launch_of)")
+        jobs = [Job(v, interleaved=True) for v in launch.variants]   # every variant validated before any model loads
+        return run_interleaved(jobs, lambda: models_for(jobs[0].cfg, [j.method for j in jobs]), launch.sweep)
     job = Job(cfg)
     log.info("%s: %d samples (%d already done) -> %s", job.label, len(job.samples),
              len(job.samples) - len(job.todo), job.run_dir)
-    logger = make_logger(cfg.logger, job.run_dir, cfg, spec=job.tag)
+    logger = job.logger(launch.sweep)
     try:
         if job.todo:   # a finished run (e.g. a reused ar baseline) loads no model: it only re-summarizes
-            bar = progress_bar(job.label, cfg.progress, len(job.todo))
+            bar = progress_bar(job.label, job.progress, len(job.todo))
             todo = [(i, s) for i, s in enumerate(job.samples) if s.id in job.todo]
-            decode_samples(Models(cfg, [job.method]), job, todo, logger, bar,
+            decode_samples(models_for(cfg, [job.method]), job, todo, logger, bar,
                     source=job.writer.claimed(todo))   # no sample twice
             bar.close()
         summary = job.summarize()
@@ -150,28 +204,6 @@ def run(cfg) -> dict | list[dict]:
         logger.close()
     log.info("%s: %s", job.label, {k: summary["totals"][k] for k in ("tokens_per_s", "tau", "n_relaxed")})
     return summary
-
-
-def variant_configs(cfg) -> list:
-    """The config of every entry of ``interleave`` (a list of override lists), composed like a job of a sweep
-    from this job's own overrides plus the entry's; entries may change only method.* and rule.*."""
-    from hydra import compose
-    from hydra.core.hydra_config import HydraConfig
-
-    base = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").split("=")[0] in ("interleave", "compare")]
-    out = []
-    for entry in cfg.interleave:
-        entry = [entry] if isinstance(entry, str) else list(entry)
-        bad = [o for o in entry if o.split("=")[0].lstrip("+~").split(".")[0] not in ("method", "rule")]
-        if bad:
-            raise ConfigError(f"interleave entry {bad[0]!r}; allowed: overrides of method.* and rule.* only "
-                                "(the compared methods share model, task and decoding settings)")
-        v = compose(config_name="config", overrides=base + entry)
-        OmegaConf.set_struct(v, False)
-        v.interleave = []
-        v.study.batch_size = 0   # each variant is a plain run; the study drives them (run_study)
-        out.append(v)
-    return out
 
 
 WARMUP_TOKENS = 16    # new tokens of each method's warm-up decode
@@ -213,13 +245,12 @@ def close_jobs(jobs: list, loggers: list) -> None:
         lg.close()
 
 
-def run_interleaved(cfg, variants: list, ctx=None, jobs: list | None = None) -> list[dict]:
-    """Every variant interleaved at its batch size B (the same for all: entries change only method.* and rule.*):
+def run_interleaved(jobs: list, models, sweep: str = "run") -> list[dict]:
+    """Every job interleaved at its batch size B (the same for all: entries change only method.* and rule.*):
     chunks of samples, each decoded by every compared method in turn, the order rotated per chunk. At B = 1 a
     chunk is one sample (each sample decoded by every method back to back: the timed comparison); at B > 1 it
-    is CHUNK_BATCHES * B samples, so that each method's batch refills. ``ctx``: a callable returning loaded
-    Models (loaded here when None); ``jobs``: the variants' Jobs when the caller made them."""
-    jobs = jobs or [Job(v, interleaved=True) for v in variants]   # every variant validated before any model loads
+    is CHUNK_BATCHES * B samples, so that each method's batch refills. ``models``: a callable returning the
+    loaded Models (called only when there is something to decode); ``sweep``: the ``Launch``'s (the loggers')."""
     tags = [j.tag.dir_name for j in jobs]
     dup = {t for t in tags if tags.count(t) > 1}
     if dup:
@@ -228,14 +259,14 @@ def run_interleaved(cfg, variants: list, ctx=None, jobs: list | None = None) -> 
     todo = sum(len(j.todo) for j in jobs)
     log.info("interleaved: %d methods x %d samples (%d decodes to do) on %s", len(jobs), len(samples), todo,
              jobs[0].task.name)
-    loggers = [make_logger(j.cfg.logger, j.run_dir, j.cfg, spec=j.tag) for j in jobs]
+    loggers = [j.logger(sweep) for j in jobs]
     try:
         if todo:
-            ctx = ctx() if ctx is not None else Models(cfg, [j.method for j in jobs])
-            if not backend_row_invariant(cfg):      # warm-up (issue 32): see warm_up
+            ctx = models()
+            if not jobs[0].row_invariant:           # warm-up (issue 32): see warm_up
                 warm_up(ctx, jobs, samples[0])
-            bar = progress_bar(f"{cfg.model.name} | {jobs[0].task.name} | {len(jobs)} methods interleaved",
-                            cfg.progress, todo)
+            bar = progress_bar(f"{jobs[0].model} | {jobs[0].task.name} | {len(jobs)} methods interleaved",
+                               jobs[0].progress, todo)
             batch_size = jobs[0].tag.batch_size
             chunk = 1 if batch_size == 1 else CHUNK_BATCHES * batch_size
             indexed = list(enumerate(samples))
@@ -259,12 +290,33 @@ def run_interleaved(cfg, variants: list, ctx=None, jobs: list | None = None) -> 
     return summaries
 
 
+def run_batched(jobs: list, models, sweep: str = "run", label: str = "batched") -> list[dict]:
+    """Each job's missing samples at its batch size, one job after another (no timing is read from them), then
+    the summaries, ar first (the others compare to it). ``models``: as ``run_interleaved``'s; ``label``: the
+    progress bar's last part."""
+    if not jobs:
+        return []
+    loggers = [j.logger(sweep) for j in jobs]
+    try:
+        todo = sum(len(j.todo) for j in jobs)
+        bar = progress_bar(f"{jobs[0].model} | {jobs[0].task.name} | {label}", jobs[0].progress and todo, todo)
+        for j, job in enumerate(jobs):
+            rest = [(i, s) for i, s in enumerate(job.samples) if s.id in job.todo]
+            if rest:
+                decode_samples(models(), job, rest, loggers[j], bar, source=job.writer.claimed(rest))
+        bar.close()
+        summaries = summarize_jobs(jobs, loggers)
+    finally:
+        close_jobs(jobs, loggers)
+    return summaries
+
+
 CHUNK_BATCHES = 4   # interleaved and batched: each method decodes 4 x batch_size samples in turn
 
 
 def decode_samples(ctx, job: Job, todo: list, logger, bar, order: int = 0, source=None) -> None:
-    """The job's samples ``todo`` ([(index, sample)]) decoded (``Models.decode_batched``), each record written
-    as it finishes."""
+    """The job's samples ``todo`` ([(index, sample)]) decoded (the loaded models' ``decode_batched``), each record
+    written as it finishes."""
     ctx.decode_batched(job, todo, lambda sample, rec: (_write(job, sample, rec, logger), bar.update(1)), order=order,
                        source=source)
 
@@ -275,24 +327,28 @@ def _write(job: Job, sample, record: dict, logger) -> None:
     logger.log_sample(record)
 
 
-class Models:
-    """The model pair (and the drafting heads the methods' schemes declare), loaded once for every method of a run."""
+def models_for(cfg, methods: list):
+    """The loaded models that decode ``methods`` (every method of a run, loaded once): ``NativeModels`` for the
+    native engine, else the engine's own (``engines.models``; same records)."""
+    if cfg.engine.name != engines.NATIVE:
+        return engines.models(cfg, methods)
+    return NativeModels(cfg.model, methods)
 
-    def __new__(cls, cfg, methods):   # another engine (e.g. vllm) decodes the samples: engines.models, same records
-        if (cfg.get("engine") or {}).get("name", engines.NATIVE) != engines.NATIVE:
-            return engines.models(cfg, methods)
-        return super().__new__(cls)
 
-    def __init__(self, cfg, methods):
+class NativeModels:
+    """The model pair of the model config ``mcfg`` (and the drafting heads the methods' schemes declare), loaded
+    once for every method of a run."""
+
+    def __init__(self, mcfg, methods):
         from mars_bench.models import fastpath
         from mars_bench.models.pairs import eos_ids, load_pair
 
-        self.pair = load_pair(cfg.model, need_draft=any(m.scheme.draft_lm for m in methods))
+        self.pair = load_pair(mcfg, need_draft=any(m.scheme.draft_lm for m in methods))
         heads = {m.scheme.head.key: m.scheme.head for m in methods if m.scheme.head is not None}
         # model.<key> -> the loaded head (decode.drafting.Head), each loaded once
-        self.heads = {key: head.load(cfg.model[key], self.pair.target) for key, head in heads.items()}
+        self.heads = {key: head.load(mcfg[key], self.pair.target) for key, head in heads.items()}
         self.kernel = fastpath.kind(self.pair.target.model)   # recorded: which linear kernel the target ran on
-        self.machine = machine(str(cfg.model.device))         # recorded: CPU, instruction sets, threads (GPU)
+        self.machine = machine(str(mcfg.device))              # recorded: CPU, instruction sets, threads (GPU)
         log.info("machine: %s | kernel %s", machine_label(self.machine), self.kernel)
         self.eos = eos_ids(self.pair.target.model, self.pair.tokenizer)
 
@@ -314,7 +370,7 @@ class Models:
 
         task, tok, bsz, seed = job.task, self.pair.tokenizer, job.tag.batch_size, job.tag.seed
         scheme = job.method.scheme          # what it drafts with (decode.drafting)
-        dcfg = decode_config(job.cfg, job.max_new, self.eos, task.stop_strings)
+        dcfg = decode_config(job.tag, job.max_new, self.eos, task.stop_strings)
         state = {}      # sample id -> (outputs, turn records)
 
         def request(sample, index, t):

@@ -2,7 +2,9 @@
 (the quality phase, run directories at batch size B), speed from interleaved batch-size-1 decoding of the first
 samples until each speedup's CI is narrow enough (the timed phase). Greedy lossless methods are only timed: their
 tokens are ar's, asserted on the timed samples. Records carry their phase. The jobs, the models and the
-interleaved path are the runner's (mars_bench/run/runner.py); ``cli.run_or_exit`` sends a study config here.
+interleaved and batched paths are the runner's (mars_bench/run/runner.py: ``Job``, ``models_for``,
+``run_interleaved``, ``run_batched``); every job is built once, the timed ones narrowed to the first n samples as
+n grows (``Job.first``). ``cli.run_or_exit`` sends a study config here.
 """
 from __future__ import annotations
 
@@ -11,11 +13,10 @@ import logging
 import math
 
 from mars_bench.base.errors import ConfigError
-from mars_bench.run.runner import (Job, Models, backend_row_invariant, close_jobs, decode_samples, progress_bar, run_interleaved,
-                     summarize_jobs, variant_configs)
+from mars_bench.config.overrides import Launch
+from mars_bench.run.runner import Job, models_for, run_batched, run_interleaved
 from mars_bench.store.spec import RunSpec
 from mars_bench.config.validation import validate_study
-from mars_bench.run.wandb_logger import make_logger
 
 log = logging.getLogger("mars_bench")
 
@@ -46,39 +47,37 @@ class StudyError(RuntimeError):
     """A study's invariant broke (a greedy lossless method's tokens differ from ar's): a bug, not bad input."""
 
 
-def run_study(cfg) -> list[dict]:
+def run_study(cfg, launch: Launch) -> list[dict]:
     """Study mode (``config.StudyConfig``): the quality phase (every sample, batched at study.batch_size, every
     method but the greedy lossless ones), then the timed phase (batch size 1, interleaved, the first samples,
     growing until every speedup's CI half-width is within study.timed_ci of the speedup or study.timed_max is
-    reached). Both phases resume: each writes its own run directories (batch size in the spec). Returns the
-    summaries, quality runs first."""
+    reached). Both phases resume: each writes its own run directories (batch size in the spec). ``launch``: the
+    CLI's (its ``variants``: the compared methods). Returns the summaries, quality runs first."""
     validate_study(cfg)   # the variants are plain runs: their own validation no longer sees study.*
     st = cfg.study
-    variants = variant_configs(cfg)
-    probe = [Job(v, interleaved=True, phase="timed") for v in variants]   # every variant validated before loading
-    quality = [Job(_with(p.cfg, batch_size=int(st.batch_size)), phase="quality") for p in probe
-               if not tokens_are_ars(p.tag)]
-    if not any(j.tag.scheme == "ar" for j in probe):
+    timed = [Job(v, interleaved=True, phase="timed") for v in launch.variants]   # all validated before loading
+    quality = [Job(_with(t.cfg, batch_size=int(st.batch_size)), phase="quality") for t in timed
+               if not tokens_are_ars(t.tag)]
+    if not any(j.tag.scheme == "ar" for j in timed):
         raise ConfigError("study without ar in interleave; allowed: a list that includes [method=ar] (speedup and "
                             "every quality delta are against it)")
-    cap = min(len(probe[0].samples), int(st.timed_max or len(probe[0].samples)))
+    cap = min(len(timed[0].samples), int(st.timed_max or len(timed[0].samples)))
     ctx = [None]
 
     def models():
         if ctx[0] is None:
-            ctx[0] = Models(cfg, [j.method for j in probe])
+            ctx[0] = models_for(timed[0].cfg, [j.method for j in timed])
         return ctx[0]
 
     log.info("study: quality phase, %d methods x %d samples at batch size %d (%s only timed: tokens are ar's)",
-             len(quality), len(probe[0].samples), st.batch_size,
-             ", ".join(j.tag.head for j in probe if tokens_are_ars(j.tag)) or "none")
-    summaries = _run_batched(cfg, quality, models)
+             len(quality), len(timed[0].samples), st.batch_size,
+             ", ".join(j.tag.head for j in timed if tokens_are_ars(j.tag)) or "none")
+    summaries = run_batched(quality, models, launch.sweep, label="quality phase")
     n = min(int(st.timed_min), cap)
     while True:
-        jobs = [Job(_with(v, limit=n), interleaved=True, phase="timed") for v in variants]
-        timed = run_interleaved(cfg, [j.cfg for j in jobs], ctx=models if any(j.todo for j in jobs) else None,
-                                jobs=jobs)
-        widths = [w for j, s in zip(jobs, timed) if j.method.speculative for w in [_half_width(s)]]
+        jobs = [j.first(n) for j in timed]   # the same jobs, their first n samples: nothing validated or loaded again
+        summed = run_interleaved(jobs, models, launch.sweep)
+        widths = [w for j, s in zip(jobs, summed) if j.method.speculative for w in [_half_width(s)]]
         worst = max((math.inf if w is None else w) for w in widths) if widths else 0.0
         log.info("study: timed phase, %d samples: widest speedup CI +-%.1f%% (target +-%.1f%%)", n, 100 * worst,
                  100 * st.timed_ci)
@@ -86,8 +85,8 @@ def run_study(cfg) -> list[dict]:
             break
         grow = (worst / st.timed_ci) ** 2 if math.isfinite(worst) else 2.0   # CI width ~ 1 / sqrt(n)
         n = min(cap, max(n + 4, math.ceil(1.1 * n * grow)))
-    _check_identity(jobs, timed)
-    return summaries + timed
+    _check_identity(jobs, summed)
+    return summaries + summed
 
 
 def _check_identity(jobs: list, summaries: list, row_invariant: bool | None = None) -> list[dict]:
@@ -97,7 +96,7 @@ def _check_identity(jobs: list, summaries: list, row_invariant: bool | None = No
     is measured, not fatal: each such job gets ``identity.json`` in its run directory and ``identity`` in its
     summary (``identity_report``). Returns those reports."""
     if row_invariant is None:
-        row_invariant = backend_row_invariant(jobs[0].cfg) if jobs else True
+        row_invariant = jobs[0].row_invariant if jobs else True
     reports = []
     for job, s in zip(jobs, summaries):
         if job.tag.scheme != "ar" and tokens_are_ars(job.tag):
@@ -167,22 +166,3 @@ def identity_problem(per_sample: dict, n: int) -> str | None:
     if len(per_sample) < n:
         return f"only {len(per_sample)} of {n} samples could be compared with ar's"
     return None
-
-
-def _run_batched(cfg, jobs: list, models) -> list[dict]:
-    """Each job's missing samples at its batch size, one job after another (no timing is read from them), then
-    the summaries, ar first (the others compare to it)."""
-    loggers = [make_logger(j.cfg.logger, j.run_dir, j.cfg, spec=j.tag) for j in jobs]
-    try:
-        todo = sum(len(j.todo) for j in jobs)
-        bar = progress_bar(f"{cfg.model.name} | {jobs[0].task.name} | quality phase", cfg.progress and todo, todo)
-        for j, job in enumerate(jobs):
-            rest = [(i, s) for i, s in enumerate(job.samples) if s.id in job.todo]
-            if rest:
-                decode_samples(models(), job, rest, loggers[j], bar, source=job.writer.claimed(rest))
-        bar.close()
-        summaries = summarize_jobs(jobs, loggers)
-    finally:
-        close_jobs(jobs, loggers)
-    return summaries
-

@@ -1,6 +1,6 @@
-"""Experiment-tracker hooks for ``mars_bench.run.runner``: ``make_logger(cfg.logger, run_dir, cfg)``.
+"""Experiment-tracker hooks for ``mars_bench.run.runner``: ``make_logger(cfg.logger, run_dir, config)``.
 
-    logger = make_logger(cfg.logger, run_dir, cfg)   # after the run directory is known
+    logger = make_logger(cfg.logger, run_dir, config, spec=spec, sweep=sweep)   # once the run directory is known
     logger.log_sample(record)                        # after each sample record is written
     logger.log_summary(summary, figures=None)        # at the end; figures: PNG paths (None: drawn here)
     logger.close()                                   # in a finally: ends the tracker run if still open
@@ -9,7 +9,8 @@
 Biases: wandb is imported only then, mode ``offline`` by default (files under ``<run_dir>/wandb``, upload
 later with ``wandb sync``), one W&B run per mars-bench run, named by its spec's directory name. Runs are
 grouped by sweep: ``$WANDB_RUN_GROUP`` when set, else ``<sweep>/<model dir>/<task dir>/<settings>`` where
-<sweep> is the chosen ``sweep`` or ``experiment`` config (``multirun`` / ``run`` otherwise), the two folders
+<sweep> is the chosen ``sweep`` or ``experiment`` config (``multirun`` / ``run`` otherwise; the CLI reads it from
+Hydra and hands it down, ``config.overrides.Launch``), the two folders
 place the run and <settings> are those of its ar baseline's spec (run.json; ``unknown`` without one), so every
 method and theta of one sweep over the same settings lands in one group. The run
 summary is the run's row as the report's frames hold it (``mars_bench.report.columns.run_row``: the column
@@ -42,34 +43,24 @@ class NoopLogger:
         pass
 
 
-def make_logger(logger_cfg: Any, run_dir: str | Path, cfg: Any = None, spec=None):
-    """The run's logger; ``spec``: the run's RunSpec (else read from ``run_dir``)."""
+def make_logger(logger_cfg: Any, run_dir: str | Path, cfg: Any = None, spec=None, sweep: str = "run"):
+    """The run's logger; ``cfg``: the resolved config (a plain dict or a config) the tracker records; ``spec``:
+    the run's RunSpec (else read from ``run_dir``); ``sweep``: the group's first part (``sweep_group``)."""
     name = getattr(logger_cfg, "name", None) or "none"
     if name == "none":
         return NoopLogger()
     if name == "wandb":
-        return WandbLogger(logger_cfg, Path(run_dir), cfg, spec)
+        return WandbLogger(logger_cfg, Path(run_dir), cfg, spec, sweep)
     raise ValueError(f"logger.name={name!r}; allowed: none, wandb")
 
 
-def sweep_group(run_dir: Path, spec=None) -> str | None:
-    """The W&B group of a run (``spec``: its RunSpec, else read from ``run_dir``); None lets wandb use
-    $WANDB_RUN_GROUP."""
+def sweep_group(run_dir: Path, spec=None, sweep: str = "run") -> str | None:
+    """The W&B group of a run (``spec``: its RunSpec, else read from ``run_dir``; ``sweep``: the ``Launch``'s,
+    ``run`` outside the CLI); None lets wandb use $WANDB_RUN_GROUP."""
     from mars_bench.store.spec import read_spec
 
     if os.environ.get("WANDB_RUN_GROUP"):
         return None
-    sweep = "run"
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        hc = HydraConfig.get()
-        choices = hc.runtime.choices
-        sweep = choices.get("sweep") or choices.get("experiment") or (
-            "multirun" if hc.mode == RunMode.MULTIRUN else "run")
-    except (ValueError, ImportError, AttributeError):   # not inside a Hydra app
-        pass
     run_dir = Path(run_dir)
     spec = spec if spec is not None else read_spec(run_dir)
     settings = spec.baseline().label.removeprefix("ar-") if spec is not None else "unknown"   # run.json's
@@ -93,7 +84,7 @@ def sample_values(record: dict) -> dict:
 
 
 class WandbLogger:
-    def __init__(self, logger_cfg: Any, run_dir: Path, cfg: Any = None, spec=None):
+    def __init__(self, logger_cfg: Any, run_dir: Path, cfg: Any = None, spec=None, sweep: str = "run"):
         try:
             import wandb
         except ImportError:
@@ -118,7 +109,7 @@ class WandbLogger:
         name = self.spec.dir_name if self.spec is not None else self.run_dir.name
         self.run = wandb.init(project=getattr(logger_cfg, "project", "mars-bench"),
                               mode=getattr(logger_cfg, "mode", "offline") or "offline",
-                              dir=str(self.run_dir), name=name, group=sweep_group(self.run_dir, self.spec),
+                              dir=str(self.run_dir), name=name, group=sweep_group(self.run_dir, self.spec, sweep),
                               job_type=method, tags=[t for t in (method, task) if t], config=config)
         self._open = True
 

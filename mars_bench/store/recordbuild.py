@@ -18,10 +18,11 @@ def sample_seed(seed: int, index: int, turn: int) -> int:
 def job_fields(tag, task, model_name: str, draft_quant: str | None, interleaved: bool, phase: str | None) -> dict:
     """The ``SampleRecord`` fields every record of a job shares: its spec (``tag``: method, scheme, rule, k and
     p_min as the run's spec holds them, so k is None for ar and trees), task, the model's name, the draft's
-    quantization as it runs (``decode_settings.draft_quant_of``), how it was timed and its study phase."""
+    quantization as it runs (``config.settings.draft_quant_of``), how it was timed and its study phase. theta is
+    in ``rule_settings`` (once)."""
     return dict(task=task.name, task_version=task.version, model=model_name, method=tag.head, scheme=tag.scheme,
                 rule=tag.rule, rule_settings=tag.settings, k=tag.k, p_min=tag.p_min, draft_quant=draft_quant,
-                theta=tag.settings.get("theta"), temperature=tag.temperature, seed=tag.seed,
+                temperature=tag.temperature, seed=tag.seed,
                 timing="interleaved" if interleaved else "sequential", phase=phase, batch_size=tag.batch_size)
 
 

@@ -1,7 +1,9 @@
 """The sample record: one line of samples.jsonl is a ``SampleRecord`` (its turns ``TurnRecord``s) in dict form.
 ``to_dict`` writes it with its ``record_version``; ``from_dict`` reads lines of every version, those written before
-the version existed included. A turn's decode statistics are the engine's (``decode.types.DecodeStats``), declared
-once there; ``TurnRecord`` adds what only a record holds (prompt size, counts as recorded, the output).
+the version existed included. A lossy rule's theta is held once, in ``rule_settings`` (``SampleRecord.theta`` reads
+it there); lines written when records also held a ``theta`` key read the same. A turn's decode statistics are the
+engine's (``decode.types.DecodeStats``), declared once there; ``TurnRecord`` adds what only a record holds (prompt
+size, counts as recorded, the output).
 """
 from __future__ import annotations
 
@@ -65,7 +67,6 @@ class SampleRecord:
     p_min: float | None = None
     draft_quant: str | None = None
     fast_kernel: str | None = None
-    theta: float | None = None
     temperature: float | None = None
     seed: int | None = None
     timing: str | None = None               # interleaved | sequential
@@ -94,6 +95,11 @@ class SampleRecord:
 
     _WHEN_SET = ("writer",)
 
+    @property
+    def theta(self) -> float | None:
+        """The rule's theta, from ``rule_settings`` (None: a rule without one, or none recorded)."""
+        return (self.rule_settings or {}).get("theta")
+
     def to_dict(self) -> dict:
         """The sample as samples.jsonl holds it: ``record_version`` first, then today's keys."""
         out = _as_dict(self, self._WHEN_SET)
@@ -111,7 +117,9 @@ class SampleRecord:
         version = data.get("record_version", 0)
         if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= RECORD_VERSION:
             raise ValueError(f"record_version={version!r}; allowed: an integer from 0 to {RECORD_VERSION}")
-        known = _known(cls, data)
+        known = _known(cls, {k: v for k, v in data.items() if k != "theta"})
+        if data.get("theta") is not None and "theta" not in (known.get("rule_settings") or {}):
+            known["rule_settings"] = {**(known.get("rule_settings") or {}), "theta": data["theta"]}   # older lines
         known["turns"] = [TurnRecord.from_dict(t) for t in data.get("turns") or []]
         return cls(**{**known, "record_version": version})
 

@@ -49,6 +49,7 @@ SPEC_FILE = "run.json"
 SPEC_VERSION = 2        # the layout of run.json (2: model identity and engine); from_dict reads every version up to this one
 DIGEST_CHARS = 10
 DIR_SEPARATOR = "@"     # between label and digest; never in a legacy name (those end in -s<seed>)
+NATIVE = "native"       # the default engine (this package's own loop), named once: engines.NATIVE is this
 # Fields left out of the digest at these values (fixed here, never the dataclass defaults, so that changing a
 # default can never give an old directory to new settings). A field added later goes here with the value
 # that means "not used", so that every earlier run keeps its directory.
@@ -89,7 +90,7 @@ class RunSpec:
     # a result tree written before run identities, which no new run ever matches.
     model: dict | None = None
     draft_model: dict | None = None
-    engine: str = "native"          # what runs the decoding loop: native (ours) | vllm
+    engine: str = NATIVE            # what runs the decoding loop: native (ours) | vllm
     engine_version: str | None = None   # the engine's version where it is not this package (vllm)
 
     def __post_init__(self):
@@ -192,7 +193,7 @@ class RunSpec:
         if self.batch_size > 1:
             parts.append(f"b{self.batch_size}")
         parts += self._protocol_parts()
-        if self.engine != "native":
+        if self.engine != NATIVE:
             parts.append(self.engine)
         parts += [f"T{_fmt(self.temperature)}", f"p{_fmt(self.top_p)}", f"n{self.max_new_tokens}", f"s{self.seed}"]
         return "-".join(parts)

@@ -11,14 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import OmegaConf
-
 from mars_bench.store import metrics as M
 from mars_bench.store import records as R
 from mars_bench import stats as S
 from mars_bench.store.provenance import manifest
 from mars_bench.store.io import atomic_write_json
-from mars_bench.store.spec import read_spec
+from mars_bench.store.spec import RunSpec
 from mars_bench.tasks.base import METRIC_TESTS
 
 
@@ -257,37 +255,34 @@ def _directions(task) -> dict[str, str]:
             for name, spec in reg.items()}
 
 
-def summarize_run(run_dir: Path, task, samples, cfg, data_dir, ar_dir: Path | None = None,
-                  sd_dir: Path | None = None, settings: S.StatsSettings | None = None, spec=None, *,
-                  draft_quant: str | None) -> dict:
-    """Write and return summary.json. ``ar_dir`` / ``sd_dir``: the ar / sd runs of the same settings
-    (compared when their samples exist); ``settings``: None reads ``cfg.stats`` (else the defaults); ``spec``: the
-    run's ``RunSpec`` (None: read from ``run_dir``), which the method, scheme, rule and k are read from;
-    ``draft_quant``: the job's (``draft_quant_of``, computed once per job)."""
+def summarize_run(run_dir: Path, task, samples, spec: RunSpec, *, model: str, data_dir, settings: S.StatsSettings,
+                  config: dict, draft_quant: str | None, ar_dir: Path | None = None,
+                  sd_dir: Path | None = None) -> dict:
+    """Write and return summary.json, from the job's settings as resolved once: ``spec``, the run's ``RunSpec``
+    (method, scheme, rule and its settings, k, temperature, top-p, seed, batch size); ``model``: the model's name;
+    ``settings``: the stats settings; ``config``: the resolved config as a plain dict (kept as ``config``);
+    ``draft_quant``: the draft quantization that ran (``draft_quant_of``). ``ar_dir`` / ``sd_dir``: the ar / sd
+    runs of the same settings (compared when their samples exist)."""
     run_dir = Path(run_dir)
-    settings = settings or S.StatsSettings.from_cfg(cfg)
     recs, problems = R.read_records(run_dir / "samples.jsonl")
     by_id = {r.id: r for r in recs}
     ordered = [(s, by_id[s.id]) for s in samples if s.id in by_id]
-    tag = spec if spec is not None else read_spec(run_dir)
-    if tag is None:
-        raise ValueError(f"{run_dir}: no run.json and not a legacy run name; allowed: a run directory")
+    tag = spec
     registered = task_metrics(task)
     quality = task.aggregate([s for s, _ in ordered], [r.score for _, r in ordered],
                              [[t.output_text for t in r.turns] for _, r in ordered]) if ordered else {}
     summary = {
         "run_dir": str(run_dir), "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "model": cfg.model.name, "task": task.name, "task_version": task.version,
+        "model": model, "task": task.name, "task_version": task.version,
         "method": tag.head, "k": tag.k,
         "draft_quant": draft_quant,
         "fast_kernel": sorted({r.fast_kernel or "unrecorded" for _, r in ordered}),   # one, unless resumed elsewhere
         "machines": M.machines([r for _, r in ordered]),   # CPU (or GPU), instruction sets, threads; likewise
         "scheme": tag.scheme, "rule": tag.rule if tag.speculative else None,
-        "rule_settings": tag.settings, "lossless": not tag.speculative or tag.lossless,
-        "theta": tag.settings.get("theta"),
-        "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
-        "batch_size": int(cfg.get("batch_size", 1)),   # > 1: tokens/s is the run's throughput, not a latency
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "rule_settings": tag.settings, "lossless": not tag.speculative or tag.lossless,   # theta: rule_settings'
+        "temperature": tag.temperature, "top_p": tag.top_p, "seed": tag.seed,
+        "batch_size": tag.batch_size,   # > 1: tokens/s is the run's throughput, not a latency
+        "config": config,
         "manifest": manifest(), "data_sha256": task.data_sha256(data_dir),
         "totals": M.totals([r for _, r in ordered]), "quality": quality,
         "metric_directions": _directions(task), "problems": problems,

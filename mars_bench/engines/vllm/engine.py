@@ -30,10 +30,9 @@ BACKENDS = (None, "mp", "ray", "uni", "external_launcher")   # vLLM's distribute
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def check(cfg) -> str:
-    """Everything engine=vllm refuses, before any model loads: one-line ValueError; returns vLLM's version."""
-    from mars_bench.config.settings import method_of
-
+def check(cfg, m) -> str:
+    """Everything engine=vllm refuses of a job's config and its ``Method`` ``m`` (resolved once, by validation),
+    before any model loads: one-line ValueError; returns vLLM's version."""
     e = cfg.engine
     for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs", "max_model_len"):
         value = e[name]
@@ -55,7 +54,6 @@ def check(cfg) -> str:
                              f"engine.distributed_executor_backend=mp (one node): at most the {visible} visible GPUs "
                              "(ray spans nodes)")
     version = vllm_compat.check_version()
-    m = method_of(cfg)
     if m.name not in SCHEMES:
         raise ValueError(f"method={cfg.method.name} (draft trees) cannot run on engine=vllm; allowed: ar, sd, mars, "
                          "lookup, eagle3, eagle3_mars (vLLM verifies chains)")
@@ -154,7 +152,7 @@ class Models:
         from mars_bench.models.pairs import chat_template_kwargs
         from mars_bench.store.provenance import machine
 
-        self.cfg, self.version = cfg, check(cfg)
+        self.cfg, self.version = cfg, [check(cfg, m) for m in methods][-1]
         self.target_dir, self.draft_dir = model_dirs(cfg.model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.target_dir)
         self.chat_kwargs = chat_template_kwargs(self.tokenizer, cfg.model.enable_thinking, cfg.model.name)
