@@ -31,7 +31,8 @@ from pathlib import Path
 
 from mars_bench.report.console import print_console, render
 from mars_bench.report.docs import write_results_md
-from mars_bench.report.figures import group_figures, make_figures
+from mars_bench.report.figures import group_figures
+from mars_bench.report.layout import make_figures
 from mars_bench.report.frames import DEFAULT_THETA, Frames, groups, load_frames
 from mars_bench.store.pack import SUFFIX, is_pack, pack, unpacked
 from mars_bench.report.tables import all_tables, write_tables
@@ -47,7 +48,7 @@ def write_report(roots, out: str | Path | None = None, theta: float = DEFAULT_TH
     ``report.html``; returns {'frames', 'tables', 'paths', 'out', 'drawn', 'missing_shards'}.
     ``missing_shards``: the shards of a sharded study whose packs are not among ``roots`` (the caller knows the
     plan, ``run.shards.missing``); None for a study that is not sharded."""
-    from mars_bench.report.layout import draw
+    from mars_bench.report.layout import draw, page_tables
 
     roots = [roots] if isinstance(roots, (str, Path)) else list(roots)
     out = Path(out) if out is not None else (Path(str(roots[0])[:-len(SUFFIX)]) if is_pack(roots[0])
@@ -59,7 +60,8 @@ def write_report(roots, out: str | Path | None = None, theta: float = DEFAULT_TH
     paths = write_tables(shown, out / "tables")
     drawn = draw(frames, out / "figures", theta) if figures else []
     _remove_stale(out, [n for n in tables if n not in shown], [p for d in drawn for p in d.paths] if figures else None)
-    _write_pages(out, roots, frames, shown, drawn, missing_shards)
+    pages = {name: t for name, t in page_tables(frames.runs, theta).items() if not t.empty}
+    _write_pages(out, roots, frames, pages, drawn, missing_shards)
     return {"frames": frames, "tables": tables, "paths": paths + [p for d in drawn for p in d.paths], "out": out,
             "drawn": drawn, "missing_shards": missing_shards}
 
@@ -99,6 +101,10 @@ def _write_pages(out: Path, roots, frames: Frames, tables, drawn, absent: list[s
     intro = _intro(roots, frames, absent)
     if frames.problems:
         intro.append("Problems (lines skipped): " + "; ".join(frames.problems))
+    if "study" in tables:
+        intro.append("A study's runs appear once, for the phase that answers each question: speed from the study "
+                     "table (its phases joined), quality, acceptance and fidelity from the quality phase (every "
+                     "sample); tables/ holds every run of each table.")
     lines = ["# mars-bench report", ""] + [x for p in intro for x in (p, "")]
     defs = definitions_used(tables.values())
     if defs:

@@ -15,7 +15,8 @@
                       - the words every method's label shares (k=4, a draft quantization; not θ): named once;
                       - the ``Table.aside`` columns (long text, e.g. a claim's evidence): a row number '#' in the
                         table and the text listed under it, one line per row.
-    markdown(table)   the blocks as pipe tables (``writer.md_table``).
+    markdown(table)   the blocks as pipe tables (``md_table``).
+A ``table`` is a ``writer.Table`` (which imports this module, so it is not imported here).
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from mars_bench.report.writer import Table, md_table
 
 CONTEXT = ("model", "task", "settings")
 EMPTY = "–"
@@ -43,7 +43,7 @@ class View:
     equal: list[tuple[str, str]]              # (header left out, header it equals in every row)
 
 
-def view(t: Table) -> View:
+def view(t) -> View:
     """The blocks of ``t`` (module doc)."""
     keys = [k for k, _, _ in t.columns]
     head = {k: h for k, h, _ in t.columns}
@@ -65,7 +65,7 @@ def view(t: Table) -> View:
                    and len({cells[i][k] for i in idx} - {EMPTY}) == 1]
         cols = [k for k in shown if k not in context and k not in hoisted and k not in t.aside
                 and any(cells[i][k] != EMPTY for i in idx)]
-        aside = [k for k in t.aside if k in shown]
+        aside = [k for k in t.aside if k in shown and any(cells[i][k] != EMPTY for i in idx)]
         named = [(head[k], v) for k, v in zip(context, values)] + [
             (head[k], next(cells[i][k] for i in idx if cells[i][k] != EMPTY)) for k in hoisted]
         shared = _shared_flags([cells[i]["label"] for i in idx]) if "label" in cols else []
@@ -91,11 +91,11 @@ def _shared_flags(labels: list[str]) -> list[str]:
     return [x for x in words[0] if x in common and not x.startswith("θ=")]
 
 
-def blocks(t: Table) -> list[Block]:
+def blocks(t) -> list[Block]:
     return view(t).blocks
 
 
-def markdown(t: Table) -> str:
+def markdown(t) -> str:
     """The compact view as markdown: per block its line, its table, its aside lines; the equal columns once."""
     v = view(t)
     if not v.blocks:
@@ -110,3 +110,10 @@ def markdown(t: Table) -> str:
         out += ["Equal in every row, shown once: " + "; ".join(f"{a} = {b}" for a, b in v.equal)
                 + " (every column: the table's csv)."]
     return "\n".join(out).rstrip()
+
+
+def md_table(shown: pd.DataFrame, columns: list[tuple[str, str, str]]) -> str:
+    """A pipe table of shown cells (text left, numbers right aligned)."""
+    return shown.map(lambda s: s.replace("|", "\\|")).to_markdown(
+        index=False, headers=[h for _, h, _ in columns], disable_numparse=True,
+        colalign=["left" if f == "" else "right" for _, _, f in columns])

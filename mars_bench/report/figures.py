@@ -2,7 +2,7 @@
 
 One figure per settings group (``frames.groups``: model pair, task and settings); each function takes the
 group's rows of ``Frames.runs`` and returns a ``Figure`` (or None when the group lacks the runs it needs);
-``make_figures`` writes PNG and PDF files, each figure once for the phase that answers it (``layout.py``).
+``layout.make_figures`` writes PNG and PDF files, each figure once for the phase that answers it.
 
     speedup_tau(group)         speedup over ar (ours; the authors' formula as a marker) and tau per method
     theta_sensitivity(group)   speedup, tau and the paired quality change vs ar against theta, sd (lossless)
@@ -326,7 +326,7 @@ def acceptance_by_depth(group: pd.DataFrame, theta: float = DEFAULT_THETA) -> Fi
     ax.set_ylabel("acceptance rate at depth")
     ax.set_ylim(0, 1.02)
     ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=min(4, len(runs)))
+    _shared_legend(fig, [ax])
     _suptitle(fig, "Acceptance per draft position", runs[0])
     return fig
 
@@ -412,11 +412,3 @@ def save(fig: Figure, path_stem: Path) -> list[Path]:
     fig.savefig(paths[0], dpi=150)
     fig.savefig(paths[1])
     return paths
-
-
-def make_figures(frames, out_dir, theta: float = DEFAULT_THETA) -> list[Path]:
-    """Every figure once, for the phase that answers it (``layout.draw``), as ``<out_dir>/<figure>__<group>.{png,pdf}``;
-    returns their paths."""
-    from mars_bench.report.layout import draw
-
-    return [p for d in draw(frames, out_dir, theta) for p in d.paths]

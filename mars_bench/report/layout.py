@@ -2,8 +2,10 @@
 phase of a study each figure is drawn. ``report.md`` and ``report.html`` (``html.py``) both follow it.
 
     SECTIONS                 speed, quality, theta, fidelity, claims: (key, title, question, table names)
+    make_figures(...)        the paths ``draw`` wrote
     draw(frames, out, theta) every figure once, for the phase that answers its question, saved as PNG and PDF;
                              returns ``Drawn`` records (section, caption, files)
+    page_tables(runs, theta) the tables the pages show: a study's runs once, for the phase that answers each question
     sections(tables, drawn)  the sections that hold a table with rows or a figure, in order
 
 Figures of a study (runs written by ``+study``, ``frames.study_pairs``): speed (speedup and τ per method, the θ
@@ -31,7 +33,7 @@ SECTIONS = (
     ("fidelity", "Fidelity", "How close are a method's outputs to ar's?", ("fidelity",)),
     ("claims", "Claims", "Which of the paper's claims do this study's intervals resolve?", ("claims",)),
 )
-SECTION_OF = {"speedup_tau": "speed", "acceptance_by_depth": "speed", "theta_sensitivity": "theta",
+SECTION_OF = {"speedup_tau": "speed", "acceptance_by_depth": "speed", "theta_sensitivity": "theta",   # in order
               "rules_frontier": "theta", "r_distribution": "theta", "z1_histogram": "theta",
               "fidelity_vs_theta": "fidelity"}
 WHAT = {"speedup_tau": "Speedup over ar and τ per method, with 95% CIs.",
@@ -107,13 +109,38 @@ def draw(frames, out_dir, theta: float = DEFAULT_THETA) -> list[Drawn]:
     return out
 
 
+def make_figures(frames, out_dir, theta: float = DEFAULT_THETA) -> list[Path]:
+    """``draw``'s files: every figure once, for the phase that answers it."""
+    return [p for d in draw(frames, out_dir, theta) for p in d.paths]
+
+
+def page_tables(runs, theta: float = DEFAULT_THETA) -> dict[str, Table]:
+    """The tables the pages show: every table of ``runs`` (``tables.all_tables``), but where a study is among them its
+    runs appear once, for the phase that answers each question: speed and θ from the study table (its phases joined),
+    so the per-run speed, θ and rules tables keep the runs outside a study; quality, acceptance and fidelity from the
+    quality phase (every sample), without the timed phase's subset. The files under tables/ keep every run."""
+    from mars_bench.report.tables import all_tables
+
+    every = all_tables(runs, theta)
+    if every["study"].empty:
+        return every
+    outside, untimed = runs[runs["phase"].isna()], runs[runs["phase"] != "timed"]
+    picked = all_tables(outside, theta)
+    for name, t in all_tables(untimed, theta).items():
+        if name in ("quality", "acceptance", "fidelity"):
+            picked[name] = t
+    for name in ("study", "paper_ours", "paper_authors", "claims"):
+        picked[name] = every[name]
+    return picked
+
+
 def sections(tables: dict[str, Table], drawn: list[Drawn]) -> list[tuple[str, str, str, list, list[Drawn]]]:
     """(key, title, question, [(name, table)] of the tables with rows, figures) per section that has either, in
     SECTIONS' order."""
     out = []
     for key, title, question, names in SECTIONS:
         ts = [(n, tables[n]) for n in names if n in tables and not tables[n].empty]
-        figs = [d for d in drawn if d.section == key]
+        figs = sorted((d for d in drawn if d.section == key), key=lambda d: list(SECTION_OF).index(d.name))
         if ts or figs:
             out.append((key, title, question, ts, figs))
     return out

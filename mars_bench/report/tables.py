@@ -240,7 +240,8 @@ def quality_table(runs: pd.DataFrame) -> Table:
                ("p_value", "p", "p"), ("mde", "MDE", ".3f"), ("reading", "reading", ""), ("test", "test", ""),
                ("note", "note", ""), ("notes", "notes", "")])
     t.compact = ["model", "task", "settings", "label", "metric", "vs", "n_pairs", "value", "delta", "p_value", "mde",
-                 "reading", "notes"]
+                 "note", "notes"]
+    t.aside = ("note",)
     t.brief = {"value": "sig[]", "delta": "sig[]"}
     out = []
     for r in rows(runs):

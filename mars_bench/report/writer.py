@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from mars_bench.report.columns import val
+from mars_bench.report.compact import markdown, md_table
 
 ARROW = {"higher": "↑", "lower": "↓"}
 _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
@@ -108,8 +109,6 @@ class Table:
         """The caption (``caption``: another text, e.g. without the definitions), the table and its footnotes;
         ``compact``: the compact view (``compact.py``), else every column in one table."""
         if compact:
-            from mars_bench.report.compact import markdown
-
             body = markdown(self)
         else:
             body = md_table(self.shown(), self.columns)
@@ -146,9 +145,3 @@ class Table:
             out = out.replace("\\end{tabular}\n", f"\\end{{tabular}}\n\\par\\footnotesize {notes}\n", 1)
         return out
 
-
-def md_table(shown: pd.DataFrame, columns: list[tuple[str, str, str]]) -> str:
-    """A pipe table of shown cells (text left, numbers right aligned)."""
-    return shown.map(lambda s: s.replace("|", "\\|")).to_markdown(
-        index=False, headers=[h for _, h, _ in columns], disable_numparse=True,
-        colalign=["left" if f == "" else "right" for _, _, f in columns])
