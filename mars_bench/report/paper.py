@@ -90,7 +90,7 @@ def paper_tables(runs: pd.DataFrame, theta: float = DEFAULT_THETA) -> tuple[Tabl
                 ("quantity", "", "")] + [(task, head, ".2f[]") for task, head in PAPER_TASKS] + [
                 ("mean", "mean", ".2f"), ("mean_present", "mean of present", ".2f"), ("present", "tasks present", "")]
         beside = " (beside ours, never instead)" if formula != "ours" else ""
-        t = Table(name, f"The paper's speed table layout, {formula} formulas{beside}: "
+        t = Table(name, f"The paper's speed table layout, {'our' if formula == 'ours' else formula} formulas{beside}: "
                   f"speedup over ar [95% CI] and τ per task (the authors' columns) and method (mars at θ={theta:g}), "
                   "batch size 1 (a study's timed phase; τ from its quality phase). "
                   f"{defs}. '–' = the task was not run (missing, not estimated); the mean is over the five tasks "

@@ -68,8 +68,8 @@ def study_table(runs: pd.DataFrame) -> Table:
                 ni = val(q, f"vs_ar/{m}/ni_passes")
                 row["ni"] = None if ni is None else ("yes" if ni else "no")
         ar_q = by_key.get(val(q, "baseline")) if own else None
-        source = [f"{timed['label']}: quality {row['source']} (not decoded in the quality phase)"] if (
-            q is not None and not own) else []
+        source = [f"{timed['label']}: not decoded in the quality phase, its quality is ar's"
+                  + row["source"].removeprefix("not decoded: ar's")] if q is not None and not own else []
         row["notes"] = study_notes(t, timed, q if own else None, ar_q, source)
         out.append(row)
     t.data = pd.DataFrame(out)
