@@ -4,8 +4,8 @@
 
 prints a compact comparison per settings group to stdout (``console.py``: shared settings once, then method,
 n, tokens/s, tau, speedup, quality and its paired delta vs ar; 120 columns unless a terminal) and writes
-every table with rows (``.md``: the compact view, ``compact.py``; ``.csv``, ``.tex``: every column) and figure (``.png``,
-``.pdf``; each once, for the phase that answers it: ``layout.py``) to ``<first ROOT>/report/`` (or ``--out``), with
+every table with rows (``.md``: the compact view, ``compact.py``; ``.csv``, ``.tex``: every column) and figure
+(``.png``, ``.pdf``; each once, for the phase that answers it: ``layout.py``) to ``<first ROOT>/report/`` (or ``--out``), with
 ``report.md`` and ``report.html`` (one self-contained page: ``html.py``) showing them by question: speed, quality,
 θ, fidelity, claims (a section only where there is data), the definitions once at the top.
 A ROOT may be a packed results tree (``.tar.xz``, ``pack.py``); ``--pack`` writes the first ROOT's run files

@@ -13,7 +13,8 @@ command, the commit(s) and the machine(s) the records were written on, as their 
 
 with several packs rewrites each pack's own section (stamped with its one-pack command, so the text does not
 depend on which packs were read beside it) and the section between ``<!-- generated from every pack read: begin
--->`` and its end marker: the paper's speed table layout, ours and the authors' formulas (``paper.paper_tables``) and the claims with their n
+-->`` and its end marker: the paper's speed table layout, ours and the authors' formulas (``paper.paper_tables``)
+and the claims with their n
 (``claims.claims_table``) over all the packs read together, stamped with the packs, the shards missing among them
 (given by the caller, who knows the plan: ``run.shards.missing``) and their commits and machines. Every section is made before the file is written, once.
 """

@@ -7,7 +7,8 @@ value comes from.
                         that hit the token budget in either method beside it. A greedy lossless method is not
                         decoded in the quality phase (its tokens are ar's): its row says so.
 
-Notes (footnotes) per row: where a method not decoded in the quality phase takes its quality from, the quality run's share of samples cut at max_new_tokens (k of n, beside ar's quality
+Notes (footnotes) per row: where a method not decoded in the quality phase takes its quality from, the quality
+run's share of samples cut at max_new_tokens (k of n, beside ar's quality
 run, flagged above TRUNCATION_LIMIT), the timed run's runaway samples (their effect on the speedup), problems
 and restated numbers of either run, and the commit the records were written at ('+dirty': uncommitted changes
 in the tree, never shown as the clean commit; a run resumed at other code names each commit, flagged; a row whose
@@ -49,7 +50,8 @@ def study_table(runs: pd.DataFrame) -> Table:
                ("speedup_authors", "speedup, authors' formula (×)", ".2f[]"), ("notes", "notes", "")])
     t.compact = ["model", "task", "settings", "label", "n_quality", "metric", "quality", "d_ar", "p_d_ar", "ni", "tau",
                  "n_timed", "tokens_per_s", "speedup", "notes"]   # the speedup without budget hits: in the note
-    t.brief, t.short = {"tokens_per_s": ".2f", "quality": "sig[]", "d_ar": "sig[]"}, {"tokens_per_s": "tokens/s", "p_d_ar": "p", "ni": "NI"}
+    t.brief = {"tokens_per_s": ".2f", "quality": "sig[]", "d_ar": "sig[]"}
+    t.short = {"tokens_per_s": "tokens/s", "p_d_ar": "p", "ni": "NI"}
     t.hoist = ("metric", "n_quality", "n_timed")
     by_key = {r["run"]: r for _, r in runs.iterrows()}
     out = []
