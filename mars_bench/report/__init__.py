@@ -99,13 +99,14 @@ def _write_pages(out: Path, roots, frames: Frames, tables, drawn, absent: list[s
 
     parts = sections(tables, drawn)
     intro = _intro(roots, frames, absent)
-    if frames.problems:
-        intro.append("Problems (lines skipped): " + "; ".join(frames.problems))
     if "study" in tables:
         intro.append("A study's runs appear once, for the phase that answers each question: speed from the study "
                      "table (its phases joined), quality, acceptance and fidelity from the quality phase (every "
                      "sample); tables/ holds every run of each table.")
     lines = ["# mars-bench report", ""] + [x for p in intro for x in (p, "")]
+    if frames.problems:
+        lines += ["## Problems (lines skipped)", ""] + [f"- {p}" for p in frames.problems] + [""]
+        intro.append("Problems (lines skipped): " + "; ".join(frames.problems))
     defs = definitions_used(tables.values())
     if defs:
         lines += ["## Definitions", ""] + [f"- {d}" for d in defs] + [""]
