@@ -93,7 +93,8 @@ def test_results_md_section_over_every_shard_pack_is_the_reports_reading_of_them
         f"`mars-bench-report results/study/*.tar.xz --no-figures --results-md docs/results.md`")
     stamp = body.strip().split("\n\n", 1)[0]
     assert all(f"`{p.name}`" in stamp for p in SHARD_PACKS)
-    assert "**Table 8.** The paper's speed table layout" in body and "**Claims.**" in body
+    assert "**Table 8a.** The paper's speed table layout, our formulas" in body and "**Claims.**" in body
+    assert "**Table 8b.** The paper's speed table layout, authors' formulas" in body
 
 
 def test_the_cli_with_several_packs_rewrites_each_and_the_section_over_them(tmp_path, capsys):

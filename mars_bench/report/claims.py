@@ -110,6 +110,7 @@ def claims_table(runs: pd.DataFrame) -> Table:
               "larger than the MDE. Nothing is claimed beyond these words. " + SPEED_DEFS,
               [("task", "task", ""), ("settings", "settings", ""), ("claim", "claim", ""), ("n", "n", ""),
                ("verdict", "verdict", ""), ("evidence", "evidence", "")])
+    t.compact, t.aside = ["task", "settings", "claim", "n", "verdict", "evidence"], ("evidence",)
     out = []
     for g in study_groups(runs).values():
         rows = [r for _, r in g.iterrows()]

@@ -38,3 +38,21 @@ def metric_label(run, metric: str | None) -> str | None:
     if not metric:
         return None
     return f"{metric} {ARROW.get(val(run, 'metric_directions', {}).get(metric), '')}".strip()
+
+
+DEFINITIONS = (M.TAU_DEFINITION, M.SPEEDUP_DEFINITION, M.TAU_AUTHORS_DEFINITION, M.SPEEDUP_AUTHORS_DEFINITION,
+               NO_BUDGET_DEFINITION, ACCEPTANCE_DEFINITION, NI_DEFINITION, CI_DEFINITION)   # in the order shown
+
+
+def strip_definitions(caption: str) -> tuple[str, list[str]]:
+    """The caption without the definitions it cites (shown once at the top of the report), and those definitions
+    (``DEFINITIONS`` in its order; the authors' two count as theirs)."""
+    import re
+
+    found = [d for d in DEFINITIONS if d in caption]
+    text = caption.replace(AUTHORS_DEFINITIONS, "")
+    for d in sorted(found, key=len, reverse=True):
+        text = text.replace(d, "")
+    text = re.sub(r"\s*([.;:])(\s*[.;:])+", r"\1", text)   # the punctuation left around a removed sentence
+    text = re.sub(r"\(\s*\)|\s+(?=[.;,)])", "", re.sub(r"\s{2,}", " ", text)).strip(" ;")
+    return text, found

@@ -13,7 +13,8 @@ command, the commit(s) and the machine(s) the records were written on, as their 
 
 with several packs rewrites each pack's own section (stamped with its one-pack command, so the text does not
 depend on which packs were read beside it) and the section between ``<!-- generated from every pack read: begin
--->`` and its end marker: the paper's speed table layout (``paper.paper_table``) and the claims with their n
+-->`` and its end marker: the paper's speed table layout, ours and the authors' formulas (``paper.paper_tables``)
+and the claims with their n
 (``claims.claims_table``) over all the packs read together, stamped with the packs, the shards missing among them
 (given by the caller, who knows the plan: ``run.shards.missing``) and their commits and machines. Every section is made before the file is written, once.
 """
@@ -28,7 +29,7 @@ from mars_bench.report.frames import load_frames, record_commits
 from mars_bench.store.pack import is_pack, unpacked
 from mars_bench.store.read import find_run_dirs
 from mars_bench.report.claims import claims_table
-from mars_bench.report.paper import paper_table
+from mars_bench.report.paper import paper_tables
 from mars_bench.report.tables import main_table, study_table
 
 EVERY = "every pack read"   # the name in the markers of the section over several packs (combined_section)
@@ -112,7 +113,8 @@ def combined_section(packs: list, command: str, missing_shards: list[str] | None
     prov = {k: set().union(*(p[k] for p in provs)) for k in provs[0]}
     gap = (f" (shards missing: {', '.join(missing_shards)}; their numbers are absent, not estimated)"
            if missing_shards else "")
-    return "\n\n".join([stamp(list(packs), prov, command, gap), paper_table(frames.runs).to_markdown(),
+    ours, authors = paper_tables(frames.runs)
+    return "\n\n".join([stamp(list(packs), prov, command, gap), ours.to_markdown(), authors.to_markdown(),
                          claims_table(frames.runs).to_markdown()])
 
 

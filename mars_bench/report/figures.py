@@ -2,7 +2,7 @@
 
 One figure per settings group (``frames.groups``: model pair, task and settings); each function takes the
 group's rows of ``Frames.runs`` and returns a ``Figure`` (or None when the group lacks the runs it needs);
-``make_figures`` writes PNG and PDF files.
+``layout.make_figures`` writes PNG and PDF files, each figure once for the phase that answers it.
 
     speedup_tau(group)         speedup over ar (ours; the authors' formula as a marker) and tau per method
     theta_sensitivity(group)   speedup, tau and the paired quality change vs ar against theta, sd (lossless)
@@ -23,7 +23,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from mars_bench.report.columns import val
-from mars_bench.report.frames import DEFAULT_THETA, groups, headline, rows, study_groups
+from mars_bench.report.frames import DEFAULT_THETA, headline, rows
 from mars_bench.report.logits import logit_run, r_distribution, z1_histogram
 from mars_bench.report.writer import ARROW
 
@@ -151,9 +151,14 @@ def _panel(ax, series, refs, value, annotate=None, ci=None) -> None:
                 ax.axhspan(*ci(r), color=color, alpha=0.12, lw=0)
 
 
+def swept(series) -> bool:
+    """Whether a family holds two or more values of θ (a figure against θ needs them; one point says nothing)."""
+    return any(len({r["theta"] for r in runs}) >= 2 for _, runs, _ in series)
+
+
 def theta_sensitivity(group: pd.DataFrame, theta: float = DEFAULT_THETA, what: str | None = None) -> Figure | None:
     series, refs = _theta_series(group)
-    if not series:
+    if not swept(series):
         return None
     fig, (a1, a2, a3) = _new(3, width=4.6, height=4.6)
     th = [r["theta"] for _, runs, _ in series for r in runs]
@@ -280,7 +285,7 @@ def fidelity_vs_theta(group: pd.DataFrame, theta: float = DEFAULT_THETA) -> Figu
     series, refs = _theta_series(group)
     series = [(label, [r for r in runs if val(r, "n_compared") is not None], c) for label, runs, c in series]
     series = [x for x in series if x[1]]
-    if not series:
+    if not swept(series):
         return None
     fig, axes = _new(3, width=4.6, height=4.6)
     th = [r["theta"] for _, runs, _ in series for r in runs]
@@ -321,7 +326,7 @@ def acceptance_by_depth(group: pd.DataFrame, theta: float = DEFAULT_THETA) -> Fi
     ax.set_ylabel("acceptance rate at depth")
     ax.set_ylim(0, 1.02)
     ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=min(4, len(runs)))
+    _shared_legend(fig, [ax])
     _suptitle(fig, "Acceptance per draft position", runs[0])
     return fig
 
@@ -406,21 +411,4 @@ def save(fig: Figure, path_stem: Path) -> list[Path]:
     paths = [path_stem.parent / f"{path_stem.name}.png", path_stem.parent / f"{path_stem.name}.pdf"]
     fig.savefig(paths[0], dpi=150)
     fig.savefig(paths[1])
-    return paths
-
-
-def make_figures(frames, out_dir, theta: float = DEFAULT_THETA) -> list[Path]:
-    """Every figure for every settings group, as ``<out_dir>/<figure>__<group>.{png,pdf}``."""
-    import matplotlib
-
-    paths = []
-    with matplotlib.rc_context(plt_rc):
-        for group in groups(frames.runs).values():
-            for name, fig in group_figures(group, frames.samples, theta).items():
-                paths += save(fig, Path(out_dir) / f"{name}__{slug(group.iloc[0])}")
-        for group in study_groups(frames.runs).values():   # a study: its phases joined
-            fig = theta_sensitivity(group, theta, what="study: τ and quality from every sample (batched), "
-                                    f"speedup from the first {int(group['n_timed'].max())} timed at B = 1")
-            if fig is not None:
-                paths += save(fig, Path(out_dir) / f"study_theta__{slug(group.iloc[0])}")
     return paths

@@ -6,6 +6,9 @@ Alpaca, CNN/DM, mean), speedup and tau per method, our formulas and theirs in ro
                                quality phase for tau: ``frames.study_groups``; plain batch-size-1 runs as they
                                are); a task without such a run is '–' (missing, never estimated), and the mean is
                                over the five tasks only when every one is there ('mean of present' beside it).
+    paper_tables(runs, theta)  the same numbers split by formula, ours (Table 8a) and the authors' (Table 8b), as
+                               a person reads them: the tasks as columns, per method a row for the speedup [CI] and
+                               a row for tau (the paper's Speedup / tau pair per task, one above the other).
 """
 from __future__ import annotations
 
@@ -73,3 +76,39 @@ def paper_table(runs: pd.DataFrame, theta: float = DEFAULT_THETA) -> Table:
             out.append(row)
     t.data = pd.DataFrame(out)
     return t
+
+
+def paper_tables(runs: pd.DataFrame, theta: float = DEFAULT_THETA) -> tuple[Table, Table]:
+    """Table 8a (ours) and 8b (the authors' formulas): ``paper_table``'s rows of one formula, a row per method and
+    quantity (speedup [CI], tau), the tasks as columns (module doc)."""
+    full = paper_table(runs, theta)
+    out = []
+    for (formula, _, _), name in zip(FORMULAS, ("Table 8a", "Table 8b")):
+        defs = (f"{M.SPEEDUP_DEFINITION}; {M.TAU_DEFINITION}" if formula == "ours"
+                else f"{M.SPEEDUP_AUTHORS_DEFINITION}; {M.TAU_AUTHORS_DEFINITION}")
+        cols = [("model", "model pair", ""), ("settings", "settings", ""), ("label", "method", ""),
+                ("quantity", "", "")] + [(task, head, ".2f[]") for task, head in PAPER_TASKS] + [
+                ("mean", "mean", ".2f"), ("mean_present", "mean of present", ".2f"), ("present", "tasks present", "")]
+        beside = " (beside ours, never instead)" if formula != "ours" else ""
+        t = Table(name, f"The paper's speed table layout, {'our' if formula == 'ours' else formula} formulas{beside}: "
+                  f"speedup over ar [95% CI] and τ per task (the authors' columns) and method (mars at θ={theta:g}), "
+                  "batch size 1 (a study's timed phase; τ from its quality phase). "
+                  f"{defs}. '–' = the task was not run (missing, not estimated); the mean is over the five tasks "
+                  "only when all five are present, 'mean of present' over those there.", cols)
+        t.compact = [k for k, _, _ in cols]
+        t.hoist = ("present",)
+        t.same = [("mean_present", "mean")]
+        rows = []
+        for r in full.rows:
+            if r["formula"] != formula:
+                continue
+            for what, label in (("speedup", "speedup (×)"), ("tau", "τ")):
+                row = {"model": r["model"], "settings": r["settings"], "label": r["label"], "quantity": label,
+                       "present": r["present"], "mean": r.get(f"mean/{what}"),
+                       "mean_present": r.get(f"mean_present/{what}")}
+                for task, _ in PAPER_TASKS:
+                    row.update({task + x: r.get(f"{task}/{what}{x}") for x in ("", "_lo", "_hi")})
+                rows.append(row)
+        t.data = pd.DataFrame(rows)
+        out.append(t)
+    return out[0], out[1]

@@ -7,7 +7,8 @@ value comes from.
                         that hit the token budget in either method beside it. A greedy lossless method is not
                         decoded in the quality phase (its tokens are ar's): its row says so.
 
-Notes (footnotes) per row: the quality run's share of samples cut at max_new_tokens (k of n, beside ar's quality
+Notes (footnotes) per row: where a method not decoded in the quality phase takes its quality from, the quality
+run's share of samples cut at max_new_tokens (k of n, beside ar's quality
 run, flagged above TRUNCATION_LIMIT), the timed run's runaway samples (their effect on the speedup), problems
 and restated numbers of either run, and the commit the records were written at ('+dirty': uncommitted changes
 in the tree, never shown as the clean commit; a run resumed at other code names each commit, flagged; a row whose
@@ -33,10 +34,11 @@ def study_table(runs: pd.DataFrame) -> Table:
     t = Table("Table 7", "The study, two phases joined: quality, Δ vs ar, non-inferiority, τ and identical-to-ar "
               "share from batched decoding of every sample (n quality; tokens equal to batch size 1, tested); "
               "tokens/s and speedup from batch-size-1 interleaved timing of the first n timed samples. sd under "
-              "greedy decoding is not decoded in the quality phase ('quality from' says so): its tokens are ar's "
-              "(asserted on the timed samples), so its quality is ar's and its τ and identical share are over the "
-              f"timed samples. {SPEED_DEFS} {NO_BUDGET_DEFINITION} (timed samples; n beside it). {NI_DEFINITION}. "
-              f"{CI_DEFINITION}; each truncation note states the share and n of the phase its value comes from.",
+              "greedy decoding is not decoded in the quality phase ('quality from' and its note say so): its tokens "
+              "are ar's (asserted on the timed samples), so its quality is ar's and its τ and identical share are "
+              "over the timed samples. The speedup without budget hits is over the timed samples (n beside it). "
+              "Each truncation note states the share and n of the phase its value comes from. "
+              f"{SPEED_DEFS} {NO_BUDGET_DEFINITION}. {NI_DEFINITION}. {CI_DEFINITION}.",
               [("model", "model pair", ""), ("task", "task", ""), ("settings", "settings", ""), ("label", "method", ""),
                ("theta", "θ", "g"), ("source", "quality from", ""), ("n_quality", "n quality", "d"),
                ("metric", "quality metric", ""), ("quality", "quality", ".3f[]"), ("d_ar", "Δ vs ar", ".3f[]"),
@@ -46,6 +48,11 @@ def study_table(runs: pd.DataFrame) -> Table:
                ("speedup_no_budget", "speedup without budget hits (×)", ".2f[]"),
                ("n_no_budget", "n without budget hits", "d"),
                ("speedup_authors", "speedup, authors' formula (×)", ".2f[]"), ("notes", "notes", "")])
+    t.compact = ["model", "task", "settings", "label", "n_quality", "metric", "quality", "d_ar", "p_d_ar", "ni", "tau",
+                 "n_timed", "tokens_per_s", "speedup", "notes"]   # the speedup without budget hits: in the note
+    t.brief = {"tokens_per_s": ".2f", "quality": "sig[]", "d_ar": "sig[]"}
+    t.short = {"tokens_per_s": "tokens/s", "p_d_ar": "p", "ni": "NI"}
+    t.hoist = ("metric", "n_quality", "n_timed")
     by_key = {r["run"]: r for _, r in runs.iterrows()}
     out = []
     for timed, q in study_pairs(runs):
@@ -63,7 +70,9 @@ def study_table(runs: pd.DataFrame) -> Table:
                 ni = val(q, f"vs_ar/{m}/ni_passes")
                 row["ni"] = None if ni is None else ("yes" if ni else "no")
         ar_q = by_key.get(val(q, "baseline")) if own else None
-        row["notes"] = study_notes(t, timed, q if own else None, ar_q)
+        source = [f"{timed['label']}: not decoded in the quality phase, its quality is ar's"
+                  + row["source"].removeprefix("not decoded: ar's")] if q is not None and not own else []
+        row["notes"] = study_notes(t, timed, q if own else None, ar_q, source)
         out.append(row)
     t.data = pd.DataFrame(out)
     return t
@@ -111,8 +120,11 @@ def timed_budget_note(timed) -> str | None:
     if not dropped and (cut is None or cut[0] == 0):
         return None
     cuts = f"{cut[0]} of {cut[1]} samples ({cut[2]:.0%}) stopped at max_new_tokens" if cut else "samples hit the budget"
+    clean, lo, hi = (val(timed, f"speedup_no_budget{x}") for x in ("", "_lo", "_hi"))
+    without = "" if clean is None else f": {clean:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None
+                                                             else "") + f" over n = {val(timed, 'n_no_budget')}"
     return (f"{timed['tag']} timed phase: {cuts}; {dropped or 0} of its {val(timed, 'n')} speed pairs hit the budget "
-            f"in it or in ar: its speedup includes them, the column 'speedup without budget hits' leaves them out")
+            f"in it or in ar: its speedup includes them, the speedup without budget hits leaves them out{without}")
 
 
 def one_decoding(commit: str | None) -> bool:
@@ -162,9 +174,10 @@ def phase_commit_notes(by_phase: dict) -> tuple[list[str], list[str]]:
     return warn, items
 
 
-def study_notes(table: Table, timed, q, ar_q) -> str:
-    """Footnote markers of a study row (see the module doc); ⚠ for problems, budget flags and a dirty tree."""
-    warn, items = [], []
+def study_notes(table: Table, timed, q, ar_q, items: list[str] | None = None) -> str:
+    """Footnote markers of a study row (see the module doc) after ``items``; ⚠ for problems, budget flags and a
+    dirty tree."""
+    warn, items = [], list(items or [])
     for run in [r for r in (q, timed) if r is not None]:
         problems = val(run, "problems", [])
         if problems:

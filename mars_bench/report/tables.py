@@ -29,7 +29,7 @@ from mars_bench.report.columns import paired_test, val
 from mars_bench.report.definitions import (ACCEPTANCE_DEFINITION, AUTHORS_DEFINITIONS, BASE, CI_DEFINITION, NI_DEFINITION,
                           NO_BUDGET_DEFINITION, SPEED_DEFS, TRUNCATION_LIMIT, metric_label, paired_cells)
 from mars_bench.report.frames import DEFAULT_THETA, at_theta, groups, headline, reported, rows
-from mars_bench.report.paper import paper_table
+from mars_bench.report.paper import paper_table, paper_tables  # noqa: F401 (paper_table: the API)
 from mars_bench.report.study import study_table
 from mars_bench.report.writer import ARROW, Table, ci, cells, select
 
@@ -88,6 +88,10 @@ def main_table(runs: pd.DataFrame, theta: float = DEFAULT_THETA) -> Table:
                ("d_ar", "Δ vs ar", ".3f[]"), ("p_d_ar", "p vs ar", "p"), ("mde_d_ar", "MDE", ".3f"),
                ("ni", _ni_header(shown), ""), ("d_sd", "Δ vs sd", ".3f[]"), ("p_d_sd", "p vs sd", "p"),
                ("truncated", "truncated (%)", ".1f"), ("notes", "notes", "")])
+    t.compact = ["model", "task", "settings", "label", "n", "tokens_per_s", "tau", "speedup", "metric", "quality",
+                 "d_ar", "p_d_ar", "ni", "notes"]
+    t.brief, t.short = {"tokens_per_s": ".2f", "quality": "sig[]", "d_ar": "sig[]"}, {"p_d_ar": "p", "ni": "NI"}
+    t.hoist = ("metric", "n")
     ms = [headline(r) for r in rows(shown)]
     data = pd.concat([_common(t, shown), cells(shown, ms, {**ci("quality/{m}", "quality"), **paired_cells("d_ar", "ar"),
                                                            **paired_cells("d_sd", "sd"), "vs_ar/{m}/ni_passes": "ni"})], axis=1)
@@ -127,10 +131,20 @@ def sweep_table(chosen: pd.DataFrame, name: str, caption: str, head: list, tail:
                                          ".3f[]")]
            + ([(f"d:{m}", f"Δ {m} vs ar", ".3f[]"), (f"p_d:{m}", "p", "p"), (f"mde_d:{m}", "MDE", ".3f")]
               if m in tested else [])]
-    t = Table(name, caption, head + per + tail)
+    lead = [("metric", "quality metric", ""), ("quality", "quality", ".3f[]"), ("d_ar", "Δ vs ar", ".3f[]"),
+            ("p_d_ar", "p vs ar", "p")]
+    t = Table(name, caption, head + per + tail + lead)
+    t.compact = [k for k, _, _ in head if k not in ("theta", "acceptance", "relaxed_share", "speedup_authors", "rule",
+                                                      "knob")] + [k for k, _, _ in lead + tail if k != "truncated"]
+    t.same = [("speedup_no_budget", "speedup")]
+    t.short = {"speedup_no_budget": "w/o budget hits (×)", "p_d_ar": "p"}
+    t.brief = {"quality": "sig[]", "d_ar": "sig[]"}
+    ms = [headline(r) for r in rows(chosen)]
     parts = [_common(t, chosen)] + [cells(chosen, m, {**ci("quality/{m}", f"q:{m}"), **paired_cells(f"d:{m}", "ar")})
                                     for m in metrics]
+    parts.append(cells(chosen, ms, {**ci("quality/{m}", "quality"), **paired_cells("d_ar", "ar")}))
     data = pd.concat(parts, axis=1)
+    data["metric"] = [metric_label(r, m) for r, m in zip(rows(chosen), ms)]
     for key, values in extra.items():
         data[key] = list(values)
     t.data = data.reset_index(drop=True)
@@ -190,6 +204,8 @@ def fidelity_table(runs: pd.DataFrame) -> Table:
                ("median_first_divergence", "median first divergence (token)", "g"),
                ("mean_chrf_to_ar", "mean chrF to ar", ".1f[]"), ("tau", "τ", ".2f[]"),
                ("speedup", "speedup (×)", ".2f[]"), ("notes", "notes", "")])
+    t.compact = ["model", "task", "settings", "label", "n_compared", "pct_identical", "median_first_divergence",
+                 "mean_chrf_to_ar", "notes"]
     fid = select(chosen, {"n_compared": "n_compared", **ci("pct_identical"), "median_first_divergence":
                           "median_first_divergence", **ci("mean_chrf_to_ar")})
     t.data = pd.concat([_common(t, chosen), fid], axis=1).reset_index(drop=True)
@@ -223,6 +239,10 @@ def quality_table(runs: pd.DataFrame) -> Table:
                ("value", "value", ".3f[]"), ("base", "baseline", ".3f[]"), ("delta", "Δ", ".3f[]"),
                ("p_value", "p", "p"), ("mde", "MDE", ".3f"), ("reading", "reading", ""), ("test", "test", ""),
                ("note", "note", ""), ("notes", "notes", "")])
+    t.compact = ["model", "task", "settings", "label", "metric", "vs", "n_pairs", "value", "delta", "p_value", "mde",
+                 "note", "notes"]
+    t.aside = ("note",)
+    t.brief = {"value": "sig[]", "delta": "sig[]"}
     out = []
     for r in rows(runs):
         order = val(r, "metrics", [])
@@ -238,15 +258,35 @@ def quality_table(runs: pd.DataFrame) -> Table:
                                 "p_value", "mde", "test", "note", "value", "value_lo", "value_hi", "base", "base_lo",
                                 "base_hi", "delta")}, "delta_lo": x.get("lo"), "delta_hi": x.get("hi")})
     t.data = pd.DataFrame(out)
+    _mark_equal_tests(t.data)
     return t
+
+
+TEST_VALUES = ("n_pairs", "value", "value_lo", "value_hi", "base", "delta", "delta_lo", "delta_hi", "p_value")
+
+
+def _mark_equal_tests(data: pd.DataFrame) -> None:
+    """``_same_as`` (``compact.py``): a test equal in every number to an earlier metric's of the same run and
+    baseline (BLEU and chrF over raw and normalized text alike) names that one: (its metric, the earlier one)."""
+    if data.empty:
+        return
+    seen: dict[tuple, str] = {}
+    out = []
+    for _, r in data.iterrows():
+        key = (r["label"], r["model"], r["task"], r["settings"], r["vs"]) + tuple(
+            None if val(r, k) is None else round(float(val(r, k)), 12) for k in TEST_VALUES)
+        first = seen.setdefault(key, r["metric"])
+        out.append((r["metric"], first) if first != r["metric"] else None)
+    data["_same_as"] = out
 
 
 def all_tables(runs, theta: float = DEFAULT_THETA) -> dict[str, Table]:
     """Every table of ``runs`` (``Frames.runs``, or the Frames)."""
     runs = getattr(runs, "runs", runs)
+    ours, authors = paper_tables(runs, theta)
     return {"main": main_table(runs, theta), "theta": theta_table(runs), "rules": rules_table(runs),
             "fidelity": fidelity_table(runs), "acceptance": acceptance_table(runs), "quality": quality_table(runs),
-            "study": study_table(runs), "paper": paper_table(runs, theta), "claims": claims_table(runs)}
+            "study": study_table(runs), "paper_ours": ours, "paper_authors": authors, "claims": claims_table(runs)}
 
 
 def write_tables(tables: dict[str, Table], out_dir) -> list:

@@ -18,7 +18,9 @@ names of ``Frames.runs``), read from summary.json, never recomputed: its spec (m
 totals, ``speedup`` with ``speedup_lo`` / ``speedup_hi``, ``quality/<metric>``, every paired test
 (``vs_ar/<metric>/p_value``, ``vs_ar/<metric>/ni_passes``, ...). The authors' formulas keep their own names
 beside ours, ``speedup_authors`` and ``tau_authors`` (with ``_lo`` / ``_hi``). Each sample is logged as its
-row of ``Frames.samples`` under ``sample/``. The results files stay the record; the tracker only mirrors them.
+row of ``Frames.samples`` under ``sample/``. Once its group holds two or more θ of a family, a run also logs the θ
+figure's data (``theta_panel``): a table and line plots of speedup, τ and Δ quality against θ. The results files
+stay the record; the tracker only mirrors them.
 """
 from __future__ import annotations
 
@@ -83,6 +85,29 @@ def sample_values(record: dict) -> dict:
     return scalars({k: v for k, v in sample_row(record).items() if k not in ("z1", "z2", "outcome")}, "sample/")
 
 
+def theta_panel(wandb, run_dir: Path) -> dict:
+    """The run's sweep group's θ figure as W&B objects (``report.theta.theta_rows``): ``theta/table`` (every point,
+    with its CIs) and line plots of speedup, τ and the paired quality change vs ar against θ (``theta/speedup``,
+    ``theta/tau``, ``theta/delta_quality``), one line per family; the group's last run holds the whole sweep. {} while
+    no family has two θ, or when the results cannot be read (the files stay the record)."""
+    from mars_bench.report.theta import COLUMNS, run_group, theta_rows
+
+    try:
+        points = theta_rows(run_group(run_dir))
+    except Exception as e:  # a convenience, like the figures
+        log.warning("wandb: no θ panel for %s (%s)", run_dir, e)
+        return {}
+    if not points:
+        return {}
+    table = wandb.Table(columns=list(COLUMNS), data=[[p[c] for c in COLUMNS] for p in points])
+    metric = points[0]["metric"] or "quality"
+    out = {"theta/table": table}
+    for y, title in (("speedup", "speedup over ar vs θ"), ("tau", "τ vs θ"),
+                     ("delta_quality", f"Δ {metric} vs ar (paired) vs θ")):
+        out[f"theta/{y}"] = wandb.plot.line(table, "theta", y, stroke="family", title=title)
+    return out
+
+
 class WandbLogger:
     def __init__(self, logger_cfg: Any, run_dir: Path, cfg: Any = None, spec=None, sweep: str = "run"):
         try:
@@ -130,6 +155,7 @@ class WandbLogger:
                   for p in figures if str(p).endswith(".png")}
         if images:
             self.run.log(images)
+        self.run.log(theta_panel(self.wandb, self.run_dir))
         self.close()
 
     def close(self) -> None:
