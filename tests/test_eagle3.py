@@ -62,11 +62,12 @@ def draft_ids(hf_reference):
 
 
 @pytest.fixture(scope="module")
-def head_dirs(tmp_path_factory, draft_ids):
+def head_dirs(tmp_path_factory, draft_ids, tiny):
     config = head_config(len(draft_ids))
     sd = random_state(config, draft_ids)
     root = tmp_path_factory.mktemp("eagle3")
-    with_emb = dict(sd, **{"embed_tokens.weight": torch.randn(259, H)})   # official files may carry it
+    own = tiny[0].model.get_input_embeddings().weight.detach().clone()   # official files may carry a copy
+    with_emb = dict(sd, **{"embed_tokens.weight": own})
     return {"safetensors": write(root / "st", config, sd),
             "bin": write(root / "bin", config, with_emb, fmt="bin")}
 

@@ -131,13 +131,13 @@ class Eagle3Drafter:
 
     def __init__(self, head: Eagle3Head, target, own_embedding: torch.Tensor | None = None):
         self.head, self.target, self.device = head, target, target.device
-        emb = target.model.get_input_embeddings().weight
+        # the head's own embed_tokens when it carries one (as vLLM and Speculators run it: a Speculators head holds
+        # the target's rows, saved in its dtype), else the target's
+        emb = target.model.get_input_embeddings().weight if own_embedding is None else own_embedding
         H, L = head.cfg.hidden_size, target.model.config.num_hidden_layers
         if emb.shape[1] != H:
-            if own_embedding is None:
-                raise Eagle3LoadError(f"EAGLE-3 head hidden_size {H} != target embedding width {emb.shape[1]} "
-                                      "and the checkpoint has no embed_tokens.weight")
-            emb = own_embedding
+            raise Eagle3LoadError(f"EAGLE-3 head hidden_size {H} != target embedding width {emb.shape[1]} "
+                                  "and the checkpoint has no embed_tokens.weight")
         if head.vocab != target.out_vocab:
             raise Eagle3LoadError(f"EAGLE-3 head vocab_size {head.vocab} != the target's vocabulary {target.out_vocab}")
         self.embed = emb
