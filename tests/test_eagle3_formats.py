@@ -19,7 +19,7 @@ from mars_bench.models.eagle3_heads import format_of, load_eagle3_drafter, load_
 from .conftest import EOS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "eagle3_tiny"
-MAX_NEW = 32
+MAX_NEW = 24
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_trained_head_decodes_losslessly(target4, heads, prompt_ids, fmt):
     drafter = load_eagle3_drafter(str(heads[fmt]), target)
     cfg = DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,))
     accepted = 0
-    for ids in prompt_ids:
+    for ids in prompt_ids[:4]:
         ref = target.model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
                                     eos_token_id=EOS, pad_token_id=256)[0, len(ids):].tolist()
         for spec in (TreeSpec(depth=3, top_k=4, total_tokens=16), TreeSpec(depth=4, top_k=1, total_tokens=4)):
