@@ -100,8 +100,9 @@ def to_internal(config: dict, state: dict, where: str) -> tuple[dict, dict, torc
         return internal, state, emb
     for key in ("norm_output", "norm_before_residual", "norm_before_fc"):
         if key in config and (key == "norm_output" or config[key]):
-            _refuse(where, key, config[key], "the key absent (in a flat config norm_output means 'no final norm' to "
-                    "some and 'normed output fed back' to Speculators / vLLM)" if key == "norm_output" else "false")
+            _refuse(where, key, config[key], "the key absent (in a flat config its meaning differs between formats: "
+                    "'no final norm' to some, 'normed output fed back' to Speculators / vLLM)"
+                    if key == "norm_output" else "false")
     _check_layer(where, config)
     ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     internal = {k: v for k, v in config.items() if k != "eagle_config"}
