@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup run test test-slow bench demo reproduce reproduce-full shard park figures clean setup-vllm test-vllm bench-vllm
+.PHONY: setup run test test-slow bench demo reproduce reproduce-full shard park figures clean setup-vllm test-vllm bench-vllm eagle3-head eagle3-head-tiny
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -126,3 +126,15 @@ bench-vllm: setup-vllm
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# EAGLE-3 heads trained with Speculators 0.9.0 on this CPU (docs/eagle3.md; mars_bench/run/eagle3_recipe.py). Resumable:
+# rerun continues (corpus, features per window, training per epoch). eagle3-head: the embedded pair's target
+# (Qwen2.5-Coder-1.5B), hours; eagle3-head-tiny: the test fixture's head (tests/fixtures/eagle3_tiny), ~1.5 min.
+EAGLE3_WORK ?= results/eagle3-head
+eagle3-head: $(STAMP)
+	bash .ci/speculators.sh $(VENV)
+	$(BIN)/python -m mars_bench.run.eagle3_recipe embedded --work $(EAGLE3_WORK)
+
+eagle3-head-tiny: $(STAMP)
+	bash .ci/speculators.sh $(VENV)
+	$(BIN)/python -m mars_bench.run.eagle3_recipe tiny --work results/eagle3-head-tiny

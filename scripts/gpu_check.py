@@ -134,7 +134,8 @@ def eagle3_drafter(target, device, small: bool):
     at the real shapes)."""
     from safetensors.torch import save_file
 
-    from mars_bench.decode.drafters.eagle3 import Eagle3Head, load_eagle3_drafter
+    from mars_bench.decode.drafters.eagle3 import Eagle3Head
+    from mars_bench.models.eagle3_heads import load_eagle3_drafter
 
     c = target.model.config
     draft_vocab = min(c.vocab_size, 32000)

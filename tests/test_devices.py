@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from mars_bench.decode.drafters.eagle3 import Eagle3Head, load_eagle3_head
+from mars_bench.decode.drafters.eagle3 import Eagle3Head
 from mars_bench.decode.rules import get_rule
 from mars_bench.decode.tree.build import DraftTree
+from mars_bench.models.eagle3_heads import load_eagle3_head
 
 from .test_eagle3 import head_config, random_state, write
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mars_bench.decode import DecodeConfig, Method
-from mars_bench.decode.drafters.eagle3 import (Eagle3Drafter, Eagle3Head, Eagle3LoadError, feature_layers, load_eagle3_drafter,
-                               load_eagle3_head)
+from mars_bench.decode.drafters.eagle3 import Eagle3Drafter, Eagle3Head, Eagle3LoadError, feature_layers
+from mars_bench.models.eagle3_heads import load_eagle3_drafter, load_eagle3_head
 from mars_bench.decode.tree import TreeSpec
 from mars_bench.decode.engine import Batch, Request
 from mars_bench.decode.generate import generate as generate_tree
@@ -20,13 +20,14 @@ H = 64
 
 def head_config(draft_vocab: int, head_dim: int = 24, **extra) -> dict:
     """The published config.json fields (EAGLE LlamaForCausalLMEagle3; Qwen3 heads set head_dim).
-    The 2-layer test target is too shallow for the default layers (2, L//2, L-3): set them."""
+    The 2-layer test target is too shallow for the default layers (2, L//2, L-3): set them (SGLang's ids:
+    layer outputs, so hidden_states 1, 1, 1)."""
     return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
             "hidden_size": H, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
             "head_dim": head_dim, "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "vocab_size": 259,
             "draft_vocab_size": draft_vocab, "max_position_embeddings": 2048, "rope_theta": 10000.0,
             "tie_word_embeddings": False, "torch_dtype": "float32",
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 0, 1]}, **extra}
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 0, 0]}, **extra}
 
 
 def random_state(config: dict, draft_ids: list[int], seed: int = 0) -> dict:
@@ -61,11 +62,12 @@ def draft_ids(hf_reference):
 
 
 @pytest.fixture(scope="module")
-def head_dirs(tmp_path_factory, draft_ids):
+def head_dirs(tmp_path_factory, draft_ids, tiny):
     config = head_config(len(draft_ids))
     sd = random_state(config, draft_ids)
     root = tmp_path_factory.mktemp("eagle3")
-    with_emb = dict(sd, **{"embed_tokens.weight": torch.randn(259, H)})   # official files may carry it
+    own = tiny[0].model.get_input_embeddings().weight.detach().clone()   # official files may carry a copy
+    with_emb = dict(sd, **{"embed_tokens.weight": own})
     return {"safetensors": write(root / "st", config, sd),
             "bin": write(root / "bin", config, with_emb, fmt="bin")}
 
@@ -128,9 +130,11 @@ def test_sampled_eagle3_mars_is_seeded(tiny, prompt_ids, head_dirs):
 
 def test_default_feature_layers_follow_eagle():
     assert feature_layers(32) == [2, 16, 29] and feature_layers(36) == [2, 18, 33]
-    assert feature_layers(2, [1, 1, 2]) == [1, 1, 2]
+    assert feature_layers(2, [0, 1, 1]) == [0, 1, 1]
     with pytest.raises(Eagle3LoadError, match="2-layer target"):
         feature_layers(2)
+    with pytest.raises(Eagle3LoadError, match="final-normed"):   # transformers' hidden_states[L] is normed
+        feature_layers(2, [0, 1, 2])
 
 
 def _one_line_error(path, match):

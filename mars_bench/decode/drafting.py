@@ -10,10 +10,9 @@ and one entry in ``SCHEMES`` below. A head with weights of its own is named by a
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
-
-from mars_bench.decode.drafters.eagle3 import load_eagle3_drafter
 from mars_bench.decode.proposers.chain import LMChain
 from mars_bench.decode.proposers.lookup import PromptLookup
 from mars_bench.decode.proposers.tree import TreeProposer
@@ -23,8 +22,16 @@ from mars_bench.decode.proposers.tree import TreeProposer
 class Head:
     """A drafter with weights of its own (not the pair's draft LM)."""
     key: str                                 # model.<key> names its weights (Hub id or local dir)
-    load: Callable[[str, Any], Any]          # (model.<key>, the target's adapter) -> the drafter the proposer gets
+    loader: Callable[[str, Any], Any] | str  # (model.<key>, the target's adapter) -> the drafter the proposer gets;
+                                             # or "module:function" naming it (files are read in models/, not here)
     what: str                                # what model.<key> must name, for messages
+
+    def load(self, source: str, target) -> Any:
+        fn = self.loader
+        if isinstance(fn, str):
+            module, _, name = fn.partition(":")
+            fn = getattr(importlib.import_module(module), name)
+        return fn(source, target)
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,8 @@ class Scheme:
         return "tree" if self.tree else "chain"
 
 
-_EAGLE3 = Head("eagle3", load_eagle3_drafter, "an EAGLE-3 head: Hub id or local dir")
+_EAGLE3 = Head("eagle3", "mars_bench.models.eagle3_heads:load_eagle3_drafter",
+               "an EAGLE-3 head (Speculators or EAGLE / SpecForge format): Hub id or local dir")
 
 # In this order in messages ("allowed: ...").
 SCHEMES: dict[str, Scheme] = {s.name: s for s in (

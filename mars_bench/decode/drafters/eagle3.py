@@ -1,27 +1,25 @@
-"""EAGLE-3 draft heads (Li et al. 2025): load published checkpoints and draft trees from them.
+"""EAGLE-3 draft heads (Li et al. 2025): the head's math and the drafter that drafts trees with it.
 
-Layout (EAGLE ``eagle/model/cnets.py``; SpecForge ``LlamaForCausalLMEagle3``; AngelSlim Qwen3 heads),
-H = hidden_size, T = target_hidden_size (default H), d = head_dim (default H / heads; Qwen3 heads set
-it explicitly), Vd = draft_vocab_size, V = vocab_size:
+One internal layout (``models/eagle3_heads.py`` maps every shipped format onto it and reads the files; this
+module reads none). H = hidden_size, T = target_hidden_size (default H), d = head_dim, Vd = draft_vocab_size,
+V = vocab_size:
   fc.weight                                  [H, 3T]     fuses three target hidden states
   midlayer.hidden_norm.weight                [H]         RMSNorm of the fused / own feature
   midlayer.input_layernorm.weight            [H]         RMSNorm of the token embedding
   midlayer.self_attn.{q,k,v}_proj.weight     [heads*d | kv_heads*d, 2H]   input [embedding ; feature]
-  midlayer.self_attn.o_proj.weight           [H, heads*d]
+  midlayer.self_attn.o_proj.weight           [H, heads*d]   (optional q/k/v/o biases)
   midlayer.post_attention_layernorm.weight   [H]
   midlayer.mlp.{gate,up}_proj.weight         [I, H];  midlayer.mlp.down_proj.weight [H, I]
   norm.weight [H];  lm_head.weight [Vd, H];  d2t [Vd] int64 (target id = draft id + d2t[draft id]);
-  t2d [V] bool (target ids present in the draft vocabulary)
-Optional: q/k/v/o biases, ``embed_tokens.weight`` [V, H] (used only when the target's embedding
-width differs from H), ``fc_norm.{0,1,2}.weight`` [T] when config ``fc_norm`` is true (SpecForge).
-Files: config.json + model.safetensors or pytorch_model.bin, in a local directory or a Hub repo.
+  t2d [V] bool (target ids present in the draft vocabulary); ``fc_norm.{0,1,2}.weight`` [T] when ``fc_norm``.
+Config: Llama decoder fields plus ``draft_vocab_size``, ``target_hidden_size``, ``fc_norm`` and
+``feature_ids``: the three ``hidden_states`` indices of transformers' ``output_hidden_states`` (the inputs of
+decoder layers i; default (2, L//2, L-3) as in EAGLE), each below L (transformers' index L is final-normed).
 
-Which target features: the inputs of decoder layers 2, L//2 and L-3 of an L-layer target, i.e.
-``hidden_states[i]`` of transformers' ``output_hidden_states`` for i in (2, L//2, L-3) (EAGLE's
-modeling_*_kv.py collects them before running layer idx; SpecForge's [1, L//2-1, L-4] are the same
-tensors counted as layer outputs). A config ``eagle_config.eagle_aux_hidden_state_layer_ids`` (layer
-outputs, the sglang / SpecForge convention) overrides them: hidden_states[id + 1]. Note transformers
-returns the FINAL-NORMED state at index L.
+The math, one draft layer (x: token embedding, f: feature; fused f = fc(concat of the three target features)):
+  a = [input_layernorm(x) ; hidden_norm(f)];  h = f + o_proj(attention(q, k, v of a, rotary, causal / tree mask))
+  out = h + mlp(post_attention_layernorm(h));  logits over the draft vocabulary = lm_head(norm(out))
+and a child node's f is its parent's raw ``out`` (not normed, no fc).
 
 Decoding (cache convention of the loops): the head's entry at position t pairs the target feature of
 token t with the embedding of token t+1 and predicts token t+2. After each verification the target's
@@ -32,11 +30,7 @@ with a tree mask, and are dropped from the head's cache after verification.
 from __future__ import annotations
 
 import copy
-
-import json
-import os
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -45,7 +39,7 @@ from mars_bench.decode.tree.mask import SlotTree
 
 
 class Eagle3LoadError(ValueError):
-    """A bad EAGLE-3 checkpoint; the message is one line naming the key and the expected shape."""
+    """A bad or unsupported EAGLE-3 head; the message is one line naming the key or setting and what is allowed."""
 
 
 class Eagle3Head(nn.Module):
@@ -54,16 +48,16 @@ class Eagle3Head(nn.Module):
         from transformers import LlamaConfig
         from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-        keep = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype", "dtype", "model_type")}
+        keep = {k: v for k, v in config.items()
+                if k not in ("architectures", "torch_dtype", "dtype", "model_type", "feature_ids", "fc_norm")}
         self.cfg = c = LlamaConfig(**keep)
         H, eps = c.hidden_size, c.rms_norm_eps
         self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.target_hidden = int(config.get("target_hidden_size") or H)
         self.vocab, self.draft_vocab = c.vocab_size, int(config.get("draft_vocab_size") or c.vocab_size)
-        self.norm_output = bool(config.get("norm_output", True))
         self.fc = nn.Linear(3 * self.target_hidden, H, bias=False)
-        if config.get("fc_norm"):
-            self.fc_norm = nn.ModuleList([LlamaRMSNorm(self.target_hidden, eps=eps) for _ in range(3)])
+        self.fc_norm = (nn.ModuleList([LlamaRMSNorm(self.target_hidden, eps=eps) for _ in range(3)])
+                        if config.get("fc_norm") else None)
         self.midlayer = nn.Module()
         m = self.midlayer
         m.hidden_norm, m.input_layernorm = LlamaRMSNorm(H, eps=eps), LlamaRMSNorm(H, eps=eps)
@@ -81,8 +75,8 @@ class Eagle3Head(nn.Module):
         self.register_buffer("t2d", torch.zeros(self.vocab, dtype=torch.bool))
         self.rotary = LlamaRotaryEmbedding(c)
         self._inv_freq = self.rotary.inv_freq.detach().clone()    # fp32, on the host: not a buffer (see _apply)
-        ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-        self.layer_ids = None if ids is None else [int(i) + 1 for i in ids]
+        ids = config.get("feature_ids")
+        self.layer_ids = None if ids is None else [int(i) for i in ids]
 
     def _apply(self, fn, recurse=True):
         """``to(dtype=bf16)`` and the like cast every floating buffer; the rotary frequencies stay fp32 (a bf16
@@ -94,7 +88,7 @@ class Eagle3Head(nn.Module):
         return self
 
     def fuse(self, feats: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "fc_norm"):
+        if self.fc_norm is not None:
             feats = torch.cat([n(x) for n, x in zip(self.fc_norm, feats.chunk(3, -1))], -1)
         return self.fc(feats)
 
@@ -118,77 +112,16 @@ class Eagle3Head(nn.Module):
         return h + m.mlp(m.post_attention_layernorm(h))
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(out) if self.norm_output else out)
-
-
-def _read_dir(source: str) -> Path:
-    if os.path.isdir(source):
-        return Path(source)
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(source, allow_patterns=["config.json", "*.safetensors", "*.bin"]))
-    except Exception as e:   # noqa: BLE001  (no network, no such repo, ...)
-        raise Eagle3LoadError(f"EAGLE-3 head {source!r}: not a local directory and not downloadable "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-
-
-def _state_dict(path: Path) -> dict:
-    if (path / "model.safetensors").exists():
-        from safetensors.torch import load_file
-
-        return load_file(str(path / "model.safetensors"))
-    if (path / "pytorch_model.bin").exists():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise Eagle3LoadError(f"EAGLE-3 head {str(path)!r}: no model.safetensors or pytorch_model.bin")
-
-
-def load_eagle3_head(source: str, dtype=torch.float32, device="cpu") -> tuple[Eagle3Head, torch.Tensor | None]:
-    """(head, its own embed_tokens weight or None) from a directory or Hub id; strict key/shape check."""
-    path = _read_dir(str(source))
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise Eagle3LoadError(f"EAGLE-3 head {str(path)!r}: no config.json")
-    config = json.loads(cfg_file.read_text())
-    head = Eagle3Head(config)
-    sd, want = _state_dict(path), {k: tuple(v.shape) for k, v in head.state_dict().items()}
-    H = head.cfg.hidden_size
-    optional = {"embed_tokens.weight": (head.vocab, H)}
-    for p in ("q", "k", "v", "o"):
-        optional[f"midlayer.self_attn.{p}_proj.bias"] = (want[f"midlayer.self_attn.{p}_proj.weight"][0],)
-    for key, shape in want.items():
-        if key not in sd:
-            raise Eagle3LoadError(f"EAGLE-3 head {str(path)!r}: missing key {key!r} (expected shape {list(shape)})")
-    for key, t in sd.items():
-        shape = want.get(key, optional.get(key))
-        if shape is None:
-            raise Eagle3LoadError(f"EAGLE-3 head {str(path)!r}: unexpected key {key!r} {list(t.shape)} "
-                                  "(expected fc, midlayer.*, norm, lm_head, d2t, t2d)")
-        if tuple(t.shape) != shape:
-            raise Eagle3LoadError(f"EAGLE-3 head {str(path)!r}: key {key!r} has shape {list(t.shape)}; "
-                                  f"expected {list(shape)}")
-    emb = sd.pop("embed_tokens.weight", None)
-    for p in ("q", "k", "v", "o"):
-        b = sd.pop(f"midlayer.self_attn.{p}_proj.bias", None)
-        if b is not None:
-            lin = getattr(head.midlayer.self_attn, f"{p}_proj")
-            lin.bias = nn.Parameter(torch.zeros(lin.out_features))
-            lin.bias.data.copy_(b)
-    head.load_state_dict(sd)
-    ids = torch.arange(head.draft_vocab) + head.d2t
-    if head.draft_vocab and (int(ids.min()) < 0 or int(ids.max()) >= head.vocab):
-        bad = int(((ids < 0) | (ids >= head.vocab)).nonzero()[0])
-        raise Eagle3LoadError(f"EAGLE-3 head {str(path)!r}: d2t maps draft id {bad} to target id {int(ids[bad])}; "
-                              f"expected ids in [0, {head.vocab})")
-    return head.to(device=device, dtype=dtype).eval(), (None if emb is None else emb.to(device, dtype))
+        return self.lm_head(self.norm(out))
 
 
 def feature_layers(n_layers: int, override: list[int] | None = None) -> list[int]:
     """hidden_states indices of the three fused features: (2, L//2, L-3) as in EAGLE, or ``override``."""
     ids = list(override) if override is not None else [2, n_layers // 2, n_layers - 3]
-    if len(ids) != 3 or min(ids) < 0 or max(ids) > n_layers:
+    if len(ids) != 3 or min(ids) < 0 or max(ids) >= n_layers:
         raise Eagle3LoadError(f"EAGLE-3 feature layers {ids} for a {n_layers}-layer target; expected 3 hidden_states "
-                              f"indices in [0, {n_layers}] (set eagle_config.eagle_aux_hidden_state_layer_ids)")
+                              f"indices in [0, {n_layers - 1}] (index {n_layers} is final-normed in transformers; "
+                              "set the head's feature layer ids)")
     return ids
 
 
@@ -198,13 +131,13 @@ class Eagle3Drafter:
 
     def __init__(self, head: Eagle3Head, target, own_embedding: torch.Tensor | None = None):
         self.head, self.target, self.device = head, target, target.device
-        emb = target.model.get_input_embeddings().weight
+        # the head's own embed_tokens when it carries one (as vLLM and Speculators run it: a Speculators head holds
+        # the target's rows, saved in its dtype), else the target's
+        emb = target.model.get_input_embeddings().weight if own_embedding is None else own_embedding
         H, L = head.cfg.hidden_size, target.model.config.num_hidden_layers
         if emb.shape[1] != H:
-            if own_embedding is None:
-                raise Eagle3LoadError(f"EAGLE-3 head hidden_size {H} != target embedding width {emb.shape[1]} "
-                                      "and the checkpoint has no embed_tokens.weight")
-            emb = own_embedding
+            raise Eagle3LoadError(f"EAGLE-3 head hidden_size {H} != target embedding width {emb.shape[1]} "
+                                  "and the checkpoint has no embed_tokens.weight")
         if head.vocab != target.out_vocab:
             raise Eagle3LoadError(f"EAGLE-3 head vocab_size {head.vocab} != the target's vocabulary {target.out_vocab}")
         self.embed = emb
@@ -282,10 +215,3 @@ class Eagle3Drafter:
         feats = self._feats(hidden, [0] + path)
         old_t, old_f = self.pending
         self.pending = (old_t + list(committed), feats if old_f is None else torch.cat([old_f, feats]))
-
-
-def load_eagle3_drafter(source: str, target, dtype=None) -> Eagle3Drafter:
-    """An ``Eagle3Drafter`` for ``target`` (CausalLMAdapter) from a head directory or Hub id."""
-    dtype = dtype or next(target.model.parameters()).dtype
-    head, emb = load_eagle3_head(source, dtype=dtype, device=target.device)
-    return Eagle3Drafter(head, target, emb)
