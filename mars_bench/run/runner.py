@@ -24,6 +24,7 @@ from mars_bench.base.errors import ConfigError
 from mars_bench.decode.rules import RULES
 from mars_bench import engines
 from mars_bench.config.settings import decode_config, draft_quant_of, max_new_tokens_of, method_of
+from mars_bench.store import contention
 from mars_bench.store.provenance import machine, machine_label, process_commit
 from mars_bench.store.recordbuild import job_fields, sample_record, sample_seed, turn_record
 from mars_bench.store.writer import SampleWriter
@@ -138,10 +139,12 @@ def run(cfg) -> dict | list[dict]:
     logger = make_logger(cfg.logger, job.run_dir, cfg, spec=job.tag)
     try:
         if job.todo:   # a finished run (e.g. a reused ar baseline) loads no model: it only re-summarizes
+            mark = contention.Probe().begin()
+            models = Models(cfg, [job.method])
+            say_if_busy(mark, job.tag.batch_size)
             bar = progress_bar(job.label, cfg.progress, len(job.todo))
             todo = [(i, s) for i, s in enumerate(job.samples) if s.id in job.todo]
-            decode_samples(Models(cfg, [job.method]), job, todo, logger, bar,
-                    source=job.writer.claimed(todo))   # no sample twice
+            decode_samples(models, job, todo, logger, bar, source=job.writer.claimed(todo))   # no sample twice
             bar.close()
         summary = job.summarize()
         logger.log_summary(summary)
@@ -172,6 +175,15 @@ def variant_configs(cfg) -> list:
         v.study.batch_size = 0   # each variant is a plain run; the study drives them (run_study)
         out.append(v)
     return out
+
+
+def say_if_busy(mark, batch_size: int) -> None:
+    """Before a timed phase (batch size 1): one line when the machine has been busy since ``mark``
+    (``contention.busy_since``): its samples would be flagged by the rule of docs/timing.md."""
+    why = contention.busy_since(mark) if batch_size == 1 else None
+    if why:
+        log.warning("machine busy before timing (%s; docs/timing.md): samples timed under contention are flagged, "
+                    "left out of every speedup, and re-timed when this command is run again", why)
 
 
 WARMUP_TOKENS = 16    # new tokens of each method's warm-up decode
@@ -231,9 +243,11 @@ def run_interleaved(cfg, variants: list, ctx=None, jobs: list | None = None) -> 
     loggers = [make_logger(j.cfg.logger, j.run_dir, j.cfg, spec=j.tag) for j in jobs]
     try:
         if todo:
+            mark = contention.Probe().begin()
             ctx = ctx() if ctx is not None else Models(cfg, [j.method for j in jobs])
             if not backend_row_invariant(cfg):      # warm-up (issue 32): see warm_up
                 warm_up(ctx, jobs, samples[0])
+            say_if_busy(mark, jobs[0].tag.batch_size)
             bar = progress_bar(f"{cfg.model.name} | {jobs[0].task.name} | {len(jobs)} methods interleaved",
                             cfg.progress, todo)
             batch_size = jobs[0].tag.batch_size
@@ -293,6 +307,7 @@ class Models:
         self.heads = {key: head.load(cfg.model[key], self.pair.target) for key, head in heads.items()}
         self.kernel = fastpath.kind(self.pair.target.model)   # recorded: which linear kernel the target ran on
         self.machine = machine(str(cfg.model.device))         # recorded: CPU, instruction sets, threads (GPU)
+        self.probe = contention.Probe(self.machine["threads"])  # recorded per timed sample: the machine meanwhile
         log.info("machine: %s | kernel %s", machine_label(self.machine), self.kernel)
         self.eos = eos_ids(self.pair.target.model, self.pair.tokenizer)
 
@@ -307,7 +322,8 @@ class Models:
         a batch of one): a sample's turns run in sequence in its slot, each seeded by ``sample_seed``;
         ``write(sample, record)`` is called as each sample finishes, in finish order. ``source``: an iterable
         over (a part of) ``todo`` read lazily, one pair as a slot frees (default: ``todo``); the memory check
-        uses all of ``todo``."""
+        uses all of ``todo``. At B = 1 each record holds what the machine did while it was timed (``contention``:
+        from its first turn's request to its last turn's end, scoring left out)."""
         from mars_bench.decode.backend import check_memory
         from mars_bench.decode.generate import Request, generate_batch
         from mars_bench.tasks import build_messages
@@ -316,9 +332,12 @@ class Models:
         scheme = job.method.scheme          # what it drafts with (decode.drafting)
         dcfg = decode_config(job.cfg, job.max_new, self.eos, task.stop_strings)
         state = {}      # sample id -> (outputs, turn records)
+        spans = {}      # sample id -> contention.Probe mark (B = 1)
 
         def request(sample, index, t):
             state.setdefault(sample.id, ([], []))
+            if bsz == 1 and t == 0:
+                spans[sample.id] = self.probe.begin()
             ids = self.pair.prompt_ids(build_messages(task, sample, state[sample.id][0], t))
             return Request(ids, seed=sample_seed(seed, index, t), key=(sample, index, t))
 
@@ -329,13 +348,16 @@ class Models:
             turns.append(turn_record(res, req.prompt, outputs[-1], tok, batched=bsz > 1))
             if t + 1 < len(sample.turns):
                 return request(sample, index, t + 1)
+            mark = spans.pop(sample.id, None)
+            busy = self.probe.end(mark) if mark is not None else None
             write(sample, sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order,
-                                        self.machine))
+                                        self.machine, busy))
             del state[sample.id]
             return None
 
         longest = max(len(request(s, i, 0).prompt) for i, s in todo)
         state.clear()
+        spans.clear()
         turns = max(len(s.turns) for _, s in todo)
         try:   # a conservative bound: later turns hold earlier prompts and outputs
             step = _tokens_per_step(job.method)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mars_bench.base.interrupts import deferred
 from mars_bench.base.locking import APPEND_LOCK, Claims, StorageError, exclusive, storage_errors
+from mars_bench.store.contention import disturbed
 from mars_bench.store.records import SampleRecord
 from mars_bench.store.io import read_samples
 
@@ -21,8 +22,10 @@ class SampleWriter:
     """Appends one JSON line per finished sample, flushed and fsynced; shares a run directory safely.
 
     Several processes may use one run directory at once: each sample is claimed first (``claimed``), so no
-    sample is decoded twice and no line is duplicated (policy: ``locking``). Every write error is a one-line
-    ``StorageError`` naming the path; a failed append is cut back so that the file holds whole lines only."""
+    sample is decoded twice and no line is duplicated (policy: ``locking``). A sample whose record was decoded
+    under contention (``contention.disturbed``) is not done: a rerun decodes it again, and its new line replaces
+    the old one on reading (``io.read_samples``). Every write error is a one-line ``StorageError`` naming the path;
+    a failed append is cut back so that the file holds whole lines only."""
 
     def __init__(self, path: Path, on_start=None):
         """``on_start()``: called once, when this writer first claims a sample (its run directory created),
@@ -54,7 +57,7 @@ class SampleWriter:
         with exclusive(self._lock), storage_errors(self.path):
             if self._offset is None:
                 existing, _ = read_samples(self.path, repair=True)
-                self.done = {r["id"] for r in existing}
+                self.done = {r["id"] for r in existing if not disturbed(r.get("contention"))}   # flagged: re-timed
                 self._offset = self.path.stat().st_size if self.path.exists() else 0
                 return self.done
             if not self.path.exists():
