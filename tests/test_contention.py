@@ -80,6 +80,10 @@ def test_unrecorded_contention_is_not_flagged():
     assert not C.disturbed(None)
 
 
+def test_the_test_suite_measures_nothing_unless_a_test_asks():
+    assert not C.measuring()   # conftest: tiny runs' speedups never depend on the machine's load
+
+
 def test_a_probe_measures_a_span_of_this_process():
     probe = C.Probe(threads=1)
     mark = probe.begin()
@@ -108,7 +112,7 @@ def test_the_record_writes_contention_only_when_measured_and_old_records_read():
 
 
 def test_a_flagged_record_is_replaced_by_its_rerun_and_a_quiet_one_is_kept(tmp_path):
-    from mars_bench.store.writer import SampleWriter
+    from mars_bench.store.writer import SampleWriter, writer_name
 
     path = tmp_path / "run" / "samples.jsonl"
     path.parent.mkdir()
@@ -123,6 +127,10 @@ def test_a_flagged_record_is_replaced_by_its_rerun_and_a_quiet_one_is_kept(tmp_p
     assert not problems and [r["id"] for r in recs] == ["a", "b"]
     assert recs[1]["seed"] == 1 and not C.disturbed(recs[1]["contention"]) and recs[0].get("seed") is None
     assert SampleWriter(path).done == {"a", "b"}
+    # this process's own flagged record stays done (a study's later rounds re-time nothing; a rerun does)
+    path.write_text(json.dumps({**_record("c", BUSY), "writer": writer_name()}) + "\n"
+                    + json.dumps(_record("d", BUSY)) + "\n")
+    assert SampleWriter(path).done == {"c"}
 
 
 def test_speed_pairs_leave_flagged_samples_out_and_the_note_names_them():
@@ -134,7 +142,7 @@ def test_speed_pairs_leave_flagged_samples_out_and_the_note_names_them():
     assert note.startswith("2 of 3 samples left out: timed under contention") and note.endswith(": a, b")
 
 
-def test_a_timed_comparison_beside_a_cpu_bound_load_is_flagged_and_a_rerun_retimes_it(tmp_path):
+def test_a_timed_comparison_beside_a_cpu_bound_load_is_flagged_and_a_rerun_retimes_it(tmp_path, monkeypatch):
     """A real competing load: two CPU-bound processes started beside `+compare=methods` on the tiny pair. Every
     timed sample is flagged, the phase says the machine is busy before it starts, the summary leaves the flagged
     samples out of its speedup, and rerunning the command decodes exactly the flagged samples again."""
@@ -144,6 +152,7 @@ def test_a_timed_comparison_beside_a_cpu_bound_load_is_flagged_and_a_rerun_retim
 
     from tests.test_interleaved import cli, records
 
+    monkeypatch.setenv(C.MEASURE_ENV, "on")   # the CLI's processes inherit it (conftest turns it off)
     spin = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(2)]
     try:
         time.sleep(0.5)

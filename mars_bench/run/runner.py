@@ -180,7 +180,7 @@ def variant_configs(cfg) -> list:
 def say_if_busy(mark, batch_size: int) -> None:
     """Before a timed phase (batch size 1): one line when the machine has been busy since ``mark``
     (``contention.busy_since``): its samples would be flagged by the rule of docs/timing.md."""
-    why = contention.busy_since(mark) if batch_size == 1 else None
+    why = contention.busy_since(mark) if batch_size == 1 and contention.measuring() else None
     if why:
         log.warning("machine busy before timing (%s; docs/timing.md): samples timed under contention are flagged, "
                     "left out of every speedup, and re-timed when this command is run again", why)
@@ -307,7 +307,8 @@ class Models:
         self.heads = {key: head.load(cfg.model[key], self.pair.target) for key, head in heads.items()}
         self.kernel = fastpath.kind(self.pair.target.model)   # recorded: which linear kernel the target ran on
         self.machine = machine(str(cfg.model.device))         # recorded: CPU, instruction sets, threads (GPU)
-        self.probe = contention.Probe(self.machine["threads"])  # recorded per timed sample: the machine meanwhile
+        # recorded per timed sample: the machine meanwhile (docs/timing.md)
+        self.probe = contention.Probe(self.machine["threads"]) if contention.measuring() else None
         log.info("machine: %s | kernel %s", machine_label(self.machine), self.kernel)
         self.eos = eos_ids(self.pair.target.model, self.pair.tokenizer)
 
@@ -336,7 +337,7 @@ class Models:
 
         def request(sample, index, t):
             state.setdefault(sample.id, ([], []))
-            if bsz == 1 and t == 0:
+            if bsz == 1 and t == 0 and self.probe is not None:
                 spans[sample.id] = self.probe.begin()
             ids = self.pair.prompt_ids(build_messages(task, sample, state[sample.id][0], t))
             return Request(ids, seed=sample_seed(seed, index, t), key=(sample, index, t))

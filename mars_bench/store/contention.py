@@ -88,6 +88,20 @@ def disturbed(c: "Contention | dict | None") -> bool:
     return why_disturbed(c) is not None
 
 
+MEASURE_ENV = "MARS_BENCH_CONTENTION"   # "off": nothing measured (records say "not recorded"; the test suite's tiny runs)
+
+
+def measuring() -> bool:
+    """Whether timed samples are measured (on unless MARS_BENCH_CONTENTION=off, and /proc/stat is readable)."""
+    return os.environ.get(MEASURE_ENV, "on") != "off" and os.path.exists(STAT)
+
+
+def retimes(record: dict, writer: str) -> bool:
+    """Whether a rerun decodes ``record`` again: it was timed under contention by another process than ``writer``
+    (this one: a study's later rounds do not re-time its own samples; rerunning the command does)."""
+    return disturbed(record.get("contention")) and record.get("writer") != writer
+
+
 # ---- readings -------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StatReading:
