@@ -67,10 +67,6 @@ def study():
     return _load(PACK)
 
 
-def _cut(rec: dict) -> bool:
-    return rec["turns"][-1]["stop_reason"] == "max_new_tokens"
-
-
 def _hit(rec: dict) -> bool:
     return any(t["stop_reason"] == "max_new_tokens" for t in rec["turns"])
 
@@ -105,7 +101,7 @@ def _quality_flags(loaded) -> set:
         if len(quality):
             q = quality.iloc[0]
             recs = _by_tag(raw, row["task"], q["tag"])["records"]
-            k, n = sum(map(_cut, recs)), len(recs)
+            k, n = sum(map(_hit, recs)), len(recs)   # the budget hit in any turn (MT-Bench: either of two)
             if k / n > TRUNCATION_LIMIT:
                 expected.add(q["tag"])
                 assert f"{q['tag']} quality phase: {k} of {n} samples" in notes

@@ -7,10 +7,12 @@
                      the runs compared with each other), baseline and reference (the keys of its ar run and of its lossless
                      reference, matched by spec), sd_tag, metrics (the task's, in declared order), title,
                      dirs, problems (unreadable lines), notes (what was merged or restated), phase (a study's),
-                     commit (the manifest's; '+dirty' kept), n_budget, speedup_no_budget [lo, hi], n_no_budget,
+                     commit (the manifest's; '+dirty' kept), n_budget, n_budget_any, speedup_no_budget [lo, hi],
+                     n_no_budget,
                      n_budget_dropped (runaway samples and the speedup without them: ``_budget_columns``),
                      speedup_vs_sd [lo, hi], n_vs_sd (a lossy run's speed over its lossless reference, paired:
-                     ``_sd_speed_columns``)
+                     ``_sd_speed_columns``), contention, n_contended, contended, machine_kind (what the machine
+                     did while the run's samples were timed, and which machine it was: ``_contention_columns``)
     frames.samples   one row per sample and run (``columns.sample_row``), with run (the key) and the
                      output's fidelity to ar's (identical_to_ar, first_divergence, chrf_to_ar)
 
@@ -31,6 +33,7 @@ from mars_bench.decode.rules import RULES
 from mars_bench.report.columns import run_row, sample_row, val
 from mars_bench.store.read import RunFiles, find_runs
 from mars_bench.store import metrics as M
+from mars_bench.store.provenance import machine_label
 from mars_bench.store import records as R
 from mars_bench import stats as S
 from mars_bench.store import summary as W
@@ -38,13 +41,14 @@ from mars_bench.report.restate import current_summary, stats_settings
 
 DEFAULT_THETA = RULES["mars"].knob_map["theta"].default   # the paper's default, registered once
 INTEGERS = ("k", "batch_size", "max_new_tokens", "seed", "task_version", "n", "new_tokens", "steps", "idx_authors",
-            "n_proposed", "n_accepted", "n_exact", "n_relaxed", "n_common", "n_compared", "quality_n", "n_budget",
-            "n_no_budget", "n_budget_dropped", "n_vs_sd")
+            "n_proposed", "n_accepted", "n_exact", "n_relaxed", "n_common", "n_compared", "quality_n", "n_budget", "n_budget_any",
+            "n_no_budget", "n_budget_dropped", "n_vs_sd", "n_contended")
 KEYS = ("run", "model_dir", "task_dir", "model", "task", "task_version", "tag", "group", "spec", "method", "scheme",
         "rule", "k", "theta", "sweep_knob", "sweep_value", "temperature", "top_p", "max_new_tokens", "seed", "flags",
         "family", "label", "settings_label", "title", "relaxed", "lossless", "n", "truncated", "n_compared",
         "acceptance_per_depth", "metrics", "sd_tag", "problems", "notes", "phase", "commit", "n_budget",
-        "speedup_no_budget", "n_no_budget", "n_budget_dropped")   # columns even without runs
+        "speedup_no_budget", "n_no_budget", "n_budget_dropped", "contention", "n_contended", "contended",
+        "machine_kind")   # columns even without runs
 
 
 @dataclass
@@ -74,7 +78,8 @@ def load_frames(roots: str | Path | Iterable[str | Path]) -> Frames:
         ar = _match(found, run, run.spec.baseline()) if run.spec.scheme != "ar" else None
         ref = _match(found, run, run.spec.lossless_reference())
         s = current_summary(run, ar, ref)
-        rows.append({**_row(run, s, ar, ref), **_budget_columns(run, s, ar), **_sd_speed_columns(run, s, ref)})
+        rows.append({**_row(run, s, ar, ref), **_budget_columns(run, s, ar), **_sd_speed_columns(run, s, ref),
+                     **_contention_columns(run)})
         per = ((s.get("fidelity") or {}).get("per_sample")) or {}
         samples += [{"run": run.key, **sample_row(rec), **_fidelity(per.get(rec["id"]))} for rec in run.records]
     _baseline_formats(rows)
@@ -127,11 +132,13 @@ def record_commits(records: list) -> str | None:
 def _budget_columns(run: RunFiles, s: dict, ar: RunFiles | None) -> dict:
     """Provenance and runaway samples: commit (the commits its records name, comma-separated, else the summary
     manifest's, for records written before they named one; '+dirty' when the tree had uncommitted changes),
-    n_budget (samples whose last turn stopped at max_new_tokens, the count behind ``truncated``), and
+    n_budget (samples whose last turn stopped at max_new_tokens, the count behind ``truncated``), n_budget_any
+    (samples with the budget hit in any turn: a multi-turn sample cut in its first turn counts), and
     the speedup over ar without the speed pairs where either sample hit the budget in any turn
     (``summary.budget_free_speedup``): speedup_no_budget [lo, hi], n_no_budget, n_budget_dropped."""
     out = {"commit": record_commits(run.records) or ((s.get("manifest") or {}).get("git_commit")) or None,
-           "n_budget": sum(W.hit_budget_last(rec) for rec in run.records) if run.records else None}
+           "n_budget": sum(W.hit_budget_last(rec) for rec in run.records) if run.records else None,
+           "n_budget_any": sum(W.hit_budget(rec) for rec in run.records) if run.records else None}
     if run.spec.scheme == "ar" and run.records:
         kept = sum(not W.hit_budget(r) for r in run.records)   # ar's pairs with itself: a hit drops the pair
         out.update(speedup_no_budget=1.0, n_no_budget=kept, n_budget_dropped=len(run.records) - kept)
@@ -157,6 +164,28 @@ def _sd_speed_columns(run: RunFiles, s: dict, ref: RunFiles | None) -> dict:
                        stats_settings(s.get("stats")))
     return {"speedup_vs_sd": est["value"], "speedup_vs_sd_lo": est["lo"], "speedup_vs_sd_hi": est["hi"],
             "n_vs_sd": est["n"]}
+
+
+def _contention_columns(run: RunFiles) -> dict:
+    """Whether the run's records say what the machine did while they were timed (contention: recorded | not
+    recorded | partly recorded), how many were timed under contention (n_contended; None where not recorded) and
+    which (contended: their ids, comma-separated), all left out of every speedup (``metrics.speed_pairs``); and the
+    machine kind(s) they were decoded on (machine_kind: ``machine_kind``, '; '-separated)."""
+    recs = R.as_records(run.records)
+    seen = M.contention_recorded(recs) if recs else False
+    flagged = M.contended(recs)
+    return {"contention": {True: "recorded", False: "not recorded", None: "partly recorded"}[seen],
+            "n_contended": len(flagged) if seen is not False else None, "contended": ", ".join(flagged) or None,
+            "machine_kind": "; ".join(sorted({machine_kind(r.machine) for r in recs})) or None}
+
+
+def machine_kind(m: dict | None) -> str:
+    """A record's machine as a kind speeds compare within: CPU name (with family and model where recorded),
+    instruction sets, threads; a bare name without family and model is marked (its generation is unknown: "AMD
+    EPYC" covers CPUs ~2.5x apart per token)."""
+    label = machine_label(m)
+    bare = bool(m) and not m.get("gpu") and "(family " not in str(m.get("cpu") or "")
+    return label + (" [generation not recorded]" if bare else "")
 
 
 def _phase(records: list) -> str | None:
@@ -263,7 +292,8 @@ def is_twin(timed, quality) -> bool:
 
 SPEED_COLUMNS = tuple(f"{k}{x}" for k in ("tokens_per_s", "speedup", "speedup_authors", "speedup_no_budget",
                                           "speedup_vs_sd") for x in ("", "_lo", "_hi")) + (
-    "n_no_budget", "n_budget_dropped", "n_vs_sd", "settings_label")
+    "n_no_budget", "n_budget_dropped", "n_vs_sd", "settings_label", "contention", "n_contended", "contended",
+    "machine_kind")
 
 
 def study_groups(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:

@@ -8,8 +8,10 @@ value comes from.
                         decoded in the quality phase (its tokens are ar's): its row says so.
 
 Notes (footnotes) per row: where a method not decoded in the quality phase takes its quality from, the quality
-run's share of samples cut at max_new_tokens (k of n, beside ar's quality
-run, flagged above TRUNCATION_LIMIT), the timed run's runaway samples (their effect on the speedup), problems
+run's share of samples cut at max_new_tokens in any turn (k of n, beside ar's quality run, flagged above
+TRUNCATION_LIMIT), the timed run's runaway samples (their effect on the speedup), its samples timed under contention
+(counted and named, left out of its speedups; flagged) or that contention was not recorded, the machine kind it was
+timed on, problems
 and restated numbers of either run, and the commit the records were written at ('+dirty': uncommitted changes
 in the tree, never shown as the clean commit; a run resumed at other code names each commit, flagged; a row whose
 two phases were written at different commits names each phase's, flagged unless they decode alike).
@@ -95,8 +97,8 @@ def _source(timed, q, own: bool) -> str | None:
 
 
 def _budget_share(run) -> tuple[int, int, float] | None:
-    """(samples cut at max_new_tokens, samples, share) of one run; None without samples."""
-    n, k = val(run, "n"), val(run, "n_budget")
+    """(samples cut at max_new_tokens in any turn, samples, share) of one run; None without samples."""
+    n, k = val(run, "n"), val(run, "n_budget_any")
     if k is None:
         share = val(run, "truncated")
         k = None if share is None or not n else round(share * n)
@@ -110,8 +112,8 @@ def quality_budget_note(q, ar_q) -> str | None:
         return None
     base = _budget_share(ar_q) if ar_q is not None else None
     ar = f"; ar's quality run: {base[0]} of {base[1]}" if base else ""
-    return (f"{q['tag']} quality phase: {cut[0]} of {cut[1]} samples ({cut[2]:.1%}) stopped at max_new_tokens "
-            f"(> {TRUNCATION_LIMIT:.0%}{ar}): its quality includes outputs cut at the token budget")
+    return (f"{q['tag']} quality phase: {cut[0]} of {cut[1]} samples ({cut[2]:.1%}) stopped at max_new_tokens in "
+            f"at least one turn (> {TRUNCATION_LIMIT:.0%}{ar}): its quality includes outputs cut at the token budget")
 
 
 def timed_budget_note(timed) -> str | None:
@@ -119,12 +121,31 @@ def timed_budget_note(timed) -> str | None:
     cut, dropped = _budget_share(timed), val(timed, "n_budget_dropped")
     if not dropped and (cut is None or cut[0] == 0):
         return None
-    cuts = f"{cut[0]} of {cut[1]} samples ({cut[2]:.0%}) stopped at max_new_tokens" if cut else "samples hit the budget"
+    cuts = (f"{cut[0]} of {cut[1]} samples ({cut[2]:.0%}) stopped at max_new_tokens in at least one turn" if cut
+            else "samples hit the budget")
     clean, lo, hi = (val(timed, f"speedup_no_budget{x}") for x in ("", "_lo", "_hi"))
     without = "" if clean is None else f": {clean:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None
                                                              else "") + f" over n = {val(timed, 'n_no_budget')}"
     return (f"{timed['tag']} timed phase: {cuts}; {dropped or 0} of its {val(timed, 'n')} speed pairs hit the budget "
             f"in it or in ar: its speedup includes them, the speedup without budget hits leaves them out{without}")
+
+
+def contention_notes(timed) -> tuple[list[str], list[str]]:
+    """(flagged, plain) notes on how a timed run was timed: its samples timed under contention (counted and named;
+    left out of every speedup, ``metrics.speed_pairs``), or that its records do not say (written before contention
+    was measured: its speedups may include samples timed on a busy machine); and the machine kind it ran on."""
+    kind = [f"timed phase on {val(timed, 'machine_kind')}"] if val(timed, "machine_kind") else []
+    seen, k = val(timed, "contention"), val(timed, "n_contended")
+    if seen == "not recorded":
+        return [], kind + ["contention not recorded (records written before it was measured, docs/timing.md): "
+                           "these speedups may include samples timed on a busy machine"]
+    if seen == "partly recorded":
+        kind.append("contention recorded for only part of the timed samples (a run resumed across the change): "
+                    "the rest may have been timed on a busy machine")
+    if k:
+        return [f"{timed['tag']} timed phase: {k} of {val(timed, 'n')} samples timed under contention "
+                f"(docs/timing.md), left out of its speedups: {val(timed, 'contended')}"], kind
+    return [], kind
 
 
 def one_decoding(commit: str | None) -> bool:
@@ -190,6 +211,8 @@ def study_notes(table: Table, timed, q, ar_q, items: list[str] | None = None) ->
     warn += [quality_cut] if quality_cut else []
     timed_cut = timed_budget_note(timed)
     warn += [timed_cut] if timed_cut else []
+    busy, quiet = contention_notes(timed)
+    warn, items = warn + busy, items + quiet
     warn_c, items_c = phase_commit_notes({ph: val(r, "commit") for ph, r in (("quality", q), ("timed", timed))
                                           if r is not None})
     warn, items = warn + warn_c, items + items_c

@@ -34,6 +34,7 @@ from mars_bench import engines
 from mars_bench.config.overrides import Launch
 from mars_bench.config.settings import decode_config, draft_quant_of, max_new_tokens_of
 from mars_bench.stats import StatsSettings
+from mars_bench.store import contention
 from mars_bench.store.provenance import machine, machine_label, process_commit
 from mars_bench.store.recordbuild import job_fields, sample_record, sample_seed, turn_record
 from mars_bench.store.writer import SampleWriter
@@ -192,10 +193,12 @@ def run(cfg, launch: Launch = Launch()) -> dict | list[dict]:
     logger = job.logger(launch.sweep)
     try:
         if job.todo:   # a finished run (e.g. a reused ar baseline) loads no model: it only re-summarizes
+            mark = contention.Probe().begin()
+            models = models_for(cfg, [job.method])
+            say_if_busy(mark, job.tag.batch_size)
             bar = progress_bar(job.label, job.progress, len(job.todo))
             todo = [(i, s) for i, s in enumerate(job.samples) if s.id in job.todo]
-            decode_samples(models_for(cfg, [job.method]), job, todo, logger, bar,
-                    source=job.writer.claimed(todo))   # no sample twice
+            decode_samples(models, job, todo, logger, bar, source=job.writer.claimed(todo))   # no sample twice
             bar.close()
         summary = job.summarize()
         logger.log_summary(summary)
@@ -204,6 +207,15 @@ def run(cfg, launch: Launch = Launch()) -> dict | list[dict]:
         logger.close()
     log.info("%s: %s", job.label, {k: summary["totals"][k] for k in ("tokens_per_s", "tau", "n_relaxed")})
     return summary
+
+
+def say_if_busy(mark, batch_size: int) -> None:
+    """Before a timed phase (batch size 1): one line when the machine has been busy since ``mark``
+    (``contention.busy_since``): its samples would be flagged by the rule of docs/timing.md."""
+    why = contention.busy_since(mark) if batch_size == 1 and contention.measuring() else None
+    if why:
+        log.warning("machine busy before timing (%s; docs/timing.md): samples timed under contention are flagged, "
+                    "left out of every speedup, and re-timed when this command is run again", why)
 
 
 WARMUP_TOKENS = 16    # new tokens of each method's warm-up decode
@@ -262,9 +274,11 @@ def run_interleaved(jobs: list, models, sweep: str = "run") -> list[dict]:
     loggers = [j.logger(sweep) for j in jobs]
     try:
         if todo:
+            mark = contention.Probe().begin()
             ctx = models()
             if not jobs[0].row_invariant:           # warm-up (issue 32): see warm_up
                 warm_up(ctx, jobs, samples[0])
+            say_if_busy(mark, jobs[0].tag.batch_size)
             bar = progress_bar(f"{jobs[0].model} | {jobs[0].task.name} | {len(jobs)} methods interleaved",
                                jobs[0].progress, todo)
             batch_size = jobs[0].tag.batch_size
@@ -349,6 +363,8 @@ class NativeModels:
         self.heads = {key: head.load(mcfg[key], self.pair.target) for key, head in heads.items()}
         self.kernel = fastpath.kind(self.pair.target.model)   # recorded: which linear kernel the target ran on
         self.machine = machine(str(mcfg.device))              # recorded: CPU, instruction sets, threads (GPU)
+        # recorded per timed sample: the machine meanwhile (docs/timing.md)
+        self.probe = contention.Probe(self.machine["threads"]) if contention.measuring() else None
         log.info("machine: %s | kernel %s", machine_label(self.machine), self.kernel)
         self.eos = eos_ids(self.pair.target.model, self.pair.tokenizer)
 
@@ -363,7 +379,8 @@ class NativeModels:
         a batch of one): a sample's turns run in sequence in its slot, each seeded by ``sample_seed``;
         ``write(sample, record)`` is called as each sample finishes, in finish order. ``source``: an iterable
         over (a part of) ``todo`` read lazily, one pair as a slot frees (default: ``todo``); the memory check
-        uses all of ``todo``."""
+        uses all of ``todo``. At B = 1 each record holds what the machine did while it was timed (``contention``:
+        from its first turn's request to its last turn's end, scoring left out)."""
         from mars_bench.decode.backend import check_memory
         from mars_bench.decode.generate import Request, generate_batch
         from mars_bench.tasks import build_messages
@@ -372,9 +389,12 @@ class NativeModels:
         scheme = job.method.scheme          # what it drafts with (decode.drafting)
         dcfg = decode_config(job.tag, job.max_new, self.eos, task.stop_strings)
         state = {}      # sample id -> (outputs, turn records)
+        spans = {}      # sample id -> contention.Probe mark (B = 1)
 
         def request(sample, index, t):
             state.setdefault(sample.id, ([], []))
+            if bsz == 1 and t == 0 and self.probe is not None:
+                spans[sample.id] = self.probe.begin()
             ids = self.pair.prompt_ids(build_messages(task, sample, state[sample.id][0], t))
             return Request(ids, seed=sample_seed(seed, index, t), key=(sample, index, t))
 
@@ -385,13 +405,16 @@ class NativeModels:
             turns.append(turn_record(res, req.prompt, outputs[-1], tok, batched=bsz > 1))
             if t + 1 < len(sample.turns):
                 return request(sample, index, t + 1)
+            mark = spans.pop(sample.id, None)
+            busy = self.probe.end(mark) if mark is not None else None
             write(sample, sample_record(job, sample, index, turns, task.score(sample, outputs), self.kernel, order,
-                                        self.machine))
+                                        self.machine, busy))
             del state[sample.id]
             return None
 
         longest = max(len(request(s, i, 0).prompt) for i, s in todo)
         state.clear()
+        spans.clear()
         turns = max(len(s.turns) for _, s in todo)
         try:   # a conservative bound: later turns hold earlier prompts and outputs
             step = _tokens_per_step(job.method)

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from mars_bench.base.locking import storage_errors
+from mars_bench.store.contention import disturbed
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -34,12 +35,14 @@ def read_samples(path: Path, repair: bool = False) -> tuple[list[dict], list[str
     """(records, problems). A corrupt or truncated line is reported as 'file:line: why' and skipped.
 
     ``repair``: a truncated final line (a run killed mid-write) is cut off the file so that a resumed
-    run appends cleanly. Later duplicates of an id are ignored (the first complete record wins).
+    run appends cleanly. Later duplicates of an id are ignored (the first complete record wins), except where
+    the kept record was decoded under contention (``contention.disturbed``): a later one replaces it (a rerun
+    re-times such samples, ``SampleWriter``).
     """
     path = Path(path)
     if not path.exists():
         return [], []
-    records, problems, seen, good_bytes = [], [], set(), 0
+    records, problems, seen, good_bytes = [], [], {}, 0   # seen: id -> its index in records
     with open(path, "rb") as f:
         data = f.read()
     offset = 0
@@ -61,8 +64,11 @@ def read_samples(path: Path, repair: bool = False) -> tuple[list[dict], list[str
             continue
         good_bytes = end
         if rec["id"] in seen:
+            at = seen[rec["id"]]
+            if disturbed(records[at].get("contention")):
+                records[at] = rec
             continue
-        seen.add(rec["id"])
+        seen[rec["id"]] = len(records)
         records.append(rec)
     if repair and good_bytes < len(data) and data[good_bytes:].count(b"\n") == 0:
         with open(path, "r+b") as f:

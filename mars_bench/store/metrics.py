@@ -16,6 +16,7 @@ Beside them, labelled as theirs, the authors' formulas (5SSjw/MARS, mars/evaluat
 """
 from __future__ import annotations
 
+from mars_bench.store.contention import disturbed
 from mars_bench.store.provenance import machine_label
 from mars_bench.store.records import SampleRecord, as_records
 
@@ -102,9 +103,36 @@ def same_machine(a: SampleRecord, b: SampleRecord) -> bool:
 
 
 def speed_pairs(records: list[SampleRecord], ar_records: list[SampleRecord]) -> list[tuple]:
-    """``paired_records`` whose two records ran on the same machine: the pairs a speedup is computed over
-    (quality pairs across machines; speed never does)."""
-    return [(r, b) for r, b in paired_records(records, ar_records) if same_machine(r, b)]
+    """``paired_records`` whose two records ran on the same machine and neither under contention (``contention.
+    disturbed``: docs/timing.md): the pairs a speedup is computed over (quality pairs across machines and loads;
+    speed never does)."""
+    return [(r, b) for r, b in paired_records(records, ar_records)
+            if same_machine(r, b) and not disturbed(r.contention) and not disturbed(b.contention)]
+
+
+def contended(records: list) -> list[str]:
+    """The ids of the records decoded under contention (``contention.disturbed``), in order."""
+    return [r.id for r in as_records(records) if disturbed(r.contention)]
+
+
+def contention_recorded(records: list) -> bool | None:
+    """Whether a run's records say what the machine did while they were timed: True (all), False (none: written
+    before it was measured, or batched), None (some)."""
+    have = {r.contention is not None for r in as_records(records)}
+    return None if len(have) > 1 else (have.pop() if have else False)
+
+
+def left_out_note(records: list, ar_records: list) -> str | None:
+    """Why samples both runs hold are not speed pairs (``speed_pairs``), counted, the contended ones named."""
+    records, ar_records = as_records(records), as_records(ar_records)
+    common = paired_records(records, ar_records)
+    apart = sum(not same_machine(r, b) for r, b in common)
+    busy = [r.id for r, b in common if same_machine(r, b) and (disturbed(r.contention) or disturbed(b.contention))]
+    notes = ([f"{apart} of {len(common)} samples left out: decoded on another machine than ar's (speed compares "
+              "only within one machine)"] if apart else []) + (
+        [f"{len(busy)} of {len(common)} samples left out: timed under contention in this run or ar's "
+         f"(docs/timing.md): {', '.join(busy)}"] if busy else [])
+    return "; ".join(notes) or None
 
 
 def machines(records: list) -> list[str]:

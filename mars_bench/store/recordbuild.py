@@ -40,9 +40,10 @@ def turn_record(res, prompt_ids, text, tokenizer=None, batched: bool = False) ->
 
 
 def sample_record(job, sample, index, turns, score, fast_kernel: str, order: int,
-                  machine_facts: dict | None = None) -> dict:
+                  machine_facts: dict | None = None, contention=None) -> dict:
     """One sample's record (``SampleRecord``) as samples.jsonl holds it: ``job.fields`` (``job_fields``), the
-    sample, and the totals of ``turns``, its turn records (``turn_record``'s dicts or TurnRecords)."""
+    sample, and the totals of ``turns``, its turn records (``turn_record``'s dicts or TurnRecords);
+    ``contention``: what the machine did while it was timed (``contention.Probe``; None: not measured)."""
     turns = [TurnRecord.from_dict(t) for t in turns]
     s = lambda key: sum(getattr(t, key) for t in turns)  # noqa: E731
     n_acc = sum(sum(t.accepted) for t in turns)
@@ -55,4 +56,4 @@ def sample_record(job, sample, index, turns, score, fast_kernel: str, order: int
         new_tokens=s("new_tokens"), steps=s("steps"), tau=s("new_tokens") / s("steps") if s("steps") else 0.0,
         n_proposed=sum(sum(t.proposed) for t in turns), n_accepted=n_acc, n_exact=n_acc - len(lenient),
         n_relaxed=len(lenient), n_by_clause=by_clause, prefill_s=s("prefill_s"), wall_s=s("wall_s"),
-        target_s=s("target_s"), draft_s=s("draft_s"), score=score, turns=turns).to_dict()
+        target_s=s("target_s"), draft_s=s("draft_s"), score=score, turns=turns, contention=contention).to_dict()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from mars_bench.decode.types import DecodeStats
+from mars_bench.store.contention import Contention
 from mars_bench.store.io import read_samples
 
 RECORD_VERSION = 1   # the layout of a samples.jsonl line; 0: a line written before records had a version
@@ -53,7 +54,9 @@ class TurnRecord(DecodeStats):
 class SampleRecord:
     """One finished sample (all its turns), one line of samples.jsonl: what ran, its totals over the turns,
     its score and the turns. ``from_dict`` reads lines of every version, including those written before
-    ``record_version`` existed (0); ``writer`` (the process that wrote the line) is written only when set."""
+    ``record_version`` existed (0); ``writer`` (the process that wrote the line) and ``contention`` (what the
+    machine did while a batch-size-1 sample was timed: ``store.contention``; absent in records written before it
+    was measured) are written only when set."""
     id: str
     index: int | None = None
     task: str | None = None
@@ -90,10 +93,11 @@ class SampleRecord:
     batch_size: int | None = None
     turns: list = field(default_factory=list)   # TurnRecord
     writer: str | None = None
+    contention: Contention | None = None    # the machine over the timed sample (batch size 1 only)
     record_version: int = RECORD_VERSION
     extra: dict = field(default_factory=dict)
 
-    _WHEN_SET = ("writer",)
+    _WHEN_SET = ("writer", "contention")
 
     @property
     def theta(self) -> float | None:
@@ -104,6 +108,8 @@ class SampleRecord:
         """The sample as samples.jsonl holds it: ``record_version`` first, then today's keys."""
         out = _as_dict(self, self._WHEN_SET)
         out["turns"] = [TurnRecord.from_dict(t).to_dict() for t in self.turns]
+        if self.contention is not None:
+            out["contention"] = Contention.from_dict(self.contention).to_dict()
         return {"record_version": out.pop("record_version"), **out}
 
     @classmethod
@@ -121,6 +127,8 @@ class SampleRecord:
         if data.get("theta") is not None and "theta" not in (known.get("rule_settings") or {}):
             known["rule_settings"] = {**(known.get("rule_settings") or {}), "theta": data["theta"]}   # older lines
         known["turns"] = [TurnRecord.from_dict(t) for t in data.get("turns") or []]
+        if known.get("contention") is not None:
+            known["contention"] = Contention.from_dict(known["contention"])
         return cls(**{**known, "record_version": version})
 
 

@@ -211,10 +211,8 @@ def run_stats(recs: list, ar_recs: list | None = None, sd_recs: list | None = No
            "quality_vs_sd": None}
     out["quality"] = quality_cis(recs, metrics, settings, references)
     if ar_recs is not None:
-        pairs, common = M.speed_pairs(recs, ar_recs), len(M.paired_records(recs, ar_recs))
+        pairs, apart = M.speed_pairs(recs, ar_recs), M.left_out_note(recs, ar_recs)
         both, base = [r for r, _ in pairs], [b for _, b in pairs]
-        apart = (f"{common - len(pairs)} of {common} samples left out: decoded on another machine than ar's "
-                 "(speed compares only within one machine)") if len(pairs) < common else None
         out["speedup"] = S.speedup_ci(col(both, "new_tokens"), col(both, "wall_s"), col(base, "new_tokens"),
                                       col(base, "wall_s"), settings)
         if apart:

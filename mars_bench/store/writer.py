@@ -11,18 +11,26 @@ from pathlib import Path
 
 from mars_bench.base.interrupts import deferred
 from mars_bench.base.locking import APPEND_LOCK, Claims, StorageError, exclusive, storage_errors
+from mars_bench.store.contention import retimes
 from mars_bench.store.records import SampleRecord
 from mars_bench.store.io import read_samples
 
 log = logging.getLogger("mars_bench")
 
 
+def writer_name() -> str:
+    """This process, as the records it writes name it (several may share a run directory)."""
+    return f"{platform.node()}:{os.getpid()}"
+
+
 class SampleWriter:
     """Appends one JSON line per finished sample, flushed and fsynced; shares a run directory safely.
 
     Several processes may use one run directory at once: each sample is claimed first (``claimed``), so no
-    sample is decoded twice and no line is duplicated (policy: ``locking``). Every write error is a one-line
-    ``StorageError`` naming the path; a failed append is cut back so that the file holds whole lines only."""
+    sample is decoded twice and no line is duplicated (policy: ``locking``). A sample whose record another
+    process decoded under contention is not done (``contention.retimes``): a rerun decodes it again, and its new
+    line replaces the old one on reading (``io.read_samples``). Every write error is a one-line ``StorageError`` naming the path;
+    a failed append is cut back so that the file holds whole lines only."""
 
     def __init__(self, path: Path, on_start=None):
         """``on_start()``: called once, when this writer first claims a sample (its run directory created),
@@ -54,7 +62,7 @@ class SampleWriter:
         with exclusive(self._lock), storage_errors(self.path):
             if self._offset is None:
                 existing, _ = read_samples(self.path, repair=True)
-                self.done = {r["id"] for r in existing}
+                self.done = {r["id"] for r in existing if not retimes(r, writer_name())}   # flagged: re-timed
                 self._offset = self.path.stat().st_size if self.path.exists() else 0
                 return self.done
             if not self.path.exists():
@@ -91,7 +99,7 @@ class SampleWriter:
     def write(self, record: "dict | SampleRecord") -> None:
         if isinstance(record, SampleRecord):
             record = record.to_dict()
-        record = {**record, "writer": f"{platform.node()}:{os.getpid()}"}   # which process decoded it (several may share a run dir)
+        record = {**record, "writer": writer_name()}   # which process decoded it
         line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8")
         kept = f"{len(self.done)} finished samples are kept in {self.path}"
         with deferred(), exclusive(self._lock), storage_errors(self.path, kept):
