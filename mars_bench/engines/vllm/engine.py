@@ -168,6 +168,7 @@ class Models:
         self.specs = {repr(s): s for s in (speculative_config(m, cfg.model, self.draft_dir) for m in methods)}
         self.share = MemoryShare.of(cfg.engine, len(self.specs))
         self.llms: dict = {}
+        self.checked: dict = {}     # self-check records by rule, settings and drafting setup
         self.counter = 0
 
     def llm(self, method):
@@ -184,24 +185,26 @@ class Models:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False,
                                                   **self.chat_kwargs)
 
-    def params(self, job, seed: int, key: str):
+    def params(self, job, seed: int, key: str, rule: tuple | None = None, max_new: int | None = None):
+        """``rule``: (name, settings) instead of the job's (the self-check's); ``max_new``: instead of its budget."""
         from vllm import SamplingParams
 
         m, cfg = job.method, job.cfg
+        name, settings = rule or (m.rule, dict(m.rule_kwargs))
         extra = None
-        if m.speculative and m.rule != "exact":
-            extra = {"mars_bench": {"rule": m.rule, "settings": dict(m.rule_kwargs), "key": key}}
+        if m.speculative and name != "exact":
+            extra = {"mars_bench": {"rule": name, "settings": dict(settings), "key": key}}
         return SamplingParams(temperature=float(cfg.temperature), top_p=float(cfg.top_p), seed=seed,
-                              max_tokens=job.max_new, stop_token_ids=list(self.eos), stop=list(job.task.stop_strings),
+                              max_tokens=max_new or job.max_new, stop_token_ids=list(self.eos), stop=list(job.task.stop_strings),
                               include_stop_str_in_output=True, skip_special_tokens=True, extra_args=extra)
 
-    def generate(self, job, prompts: list, seeds: list):
+    def generate(self, job, prompts: list, seeds: list, rule: tuple | None = None, max_new: int | None = None):
         """(outputs, audit per request, wall seconds of the call) for prompts decoded together."""
         keys = []
         for _ in prompts:
             self.counter += 1
             keys.append(f"{os.getpid()}-{self.counter}")
-        params = [self.params(job, s, k) for s, k in zip(seeds, keys)]
+        params = [self.params(job, s, k, rule, max_new) for s, k in zip(seeds, keys)]
         llm = self.llm(job.method)
         t0 = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -224,10 +227,28 @@ class Models:
         else:
             self._decode_all(job, list(items), write, order)
 
+    def self_check(self, job) -> None:
+        """Once per rule and settings, before the job's first record: ``selfcheck.run``; its pass is written to the
+        run directory (``engine_check.json``)."""
+        from mars_bench.engines.vllm import selfcheck
+        from mars_bench.store.io import atomic_write_json
+
+        m = job.method
+        key = (m.rule, repr(sorted(dict(m.rule_kwargs).items())), repr(speculative_config(m, self.cfg.model,
+                                                                                            self.draft_dir)))
+        if not m.speculative or m.rule == "exact":
+            return
+        if key not in self.checked:
+            self.checked[key] = selfcheck.run(self, job)
+            log.info("engine=vllm self-check passed: vLLM %s, runner %s, rule %s", self.version, self.runner, m.rule)
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(job.run_dir / "engine_check.json", self.checked[key])
+
     def _decode_all(self, job, todo: list, write, order: int) -> list[dict]:
         from mars_bench.store.recordbuild import sample_record, sample_seed
         from mars_bench.tasks import build_messages
 
+        self.self_check(job)
         cfg, task = job.cfg, job.task
         outputs = {s.id: [] for _, s in todo}
         turns = {s.id: [] for _, s in todo}
