@@ -154,7 +154,8 @@ def run(cfg) -> dict | list[dict]:
 
 def variant_configs(cfg) -> list:
     """The config of every entry of ``interleave`` (a list of override lists), composed like a job of a sweep
-    from this job's own overrides plus the entry's; entries may change only method.* and rule.*."""
+    from this job's own overrides plus the entry's; entries may change only method.*, rule.* and the engine (e.g.
+    engine=llamacpp beside the native engine's methods: ``models_for``)."""
     from hydra import compose
     from hydra.core.hydra_config import HydraConfig
 
@@ -162,9 +163,9 @@ def variant_configs(cfg) -> list:
     out = []
     for entry in cfg.interleave:
         entry = [entry] if isinstance(entry, str) else list(entry)
-        bad = [o for o in entry if o.split("=")[0].lstrip("+~").split(".")[0] not in ("method", "rule")]
+        bad = [o for o in entry if o.split("=")[0].lstrip("+~").split(".")[0] not in ("method", "rule", "engine")]
         if bad:
-            raise ConfigError(f"interleave entry {bad[0]!r}; allowed: overrides of method.* and rule.* only "
+            raise ConfigError(f"interleave entry {bad[0]!r}; allowed: overrides of method.*, rule.* and engine only "
                                 "(the compared methods share model, task and decoding settings)")
         v = compose(config_name="config", overrides=base + entry)
         OmegaConf.set_struct(v, False)
@@ -231,7 +232,7 @@ def run_interleaved(cfg, variants: list, ctx=None, jobs: list | None = None) -> 
     loggers = [make_logger(j.cfg.logger, j.run_dir, j.cfg, spec=j.tag) for j in jobs]
     try:
         if todo:
-            ctx = ctx() if ctx is not None else Models(cfg, [j.method for j in jobs])
+            ctx = ctx() if ctx is not None else models_for(jobs)
             if not backend_row_invariant(cfg):      # warm-up (issue 32): see warm_up
                 warm_up(ctx, jobs, samples[0])
             bar = progress_bar(f"{cfg.model.name} | {jobs[0].task.name} | {len(jobs)} methods interleaved",
@@ -260,6 +261,32 @@ def run_interleaved(cfg, variants: list, ctx=None, jobs: list | None = None) -> 
 
 
 CHUNK_BATCHES = 4   # interleaved and batched: each method decodes 4 x batch_size samples in turn
+
+
+def models_for(jobs: list):
+    """The loaded models of interleaved jobs: one ``Models`` per engine they name, each loaded once with its jobs'
+    methods; several engines (an entry saying engine=...): ``PerEngine`` sends each job to its own."""
+    by_engine: dict = {}
+    for j in jobs:
+        by_engine.setdefault((j.cfg.get("engine") or {}).get("name", engines.NATIVE), []).append(j)
+    loaded = {name: Models(js[0].cfg, [j.method for j in js]) for name, js in by_engine.items()}
+    return next(iter(loaded.values())) if len(loaded) == 1 else PerEngine(loaded)
+
+
+class PerEngine:
+    """Interleaved jobs of several engines: each job's ``decode`` / ``decode_batched`` go to its engine's Models."""
+
+    def __init__(self, loaded: dict):
+        self.loaded = loaded
+
+    def of(self, job):
+        return self.loaded[(job.cfg.get("engine") or {}).get("name", engines.NATIVE)]
+
+    def decode(self, job, sample, index: int, order: int = 0) -> dict:
+        return self.of(job).decode(job, sample, index, order)
+
+    def decode_batched(self, job, todo: list, write, order: int = 0, source=None) -> None:
+        self.of(job).decode_batched(job, todo, write, order=order, source=source)
 
 
 def decode_samples(ctx, job: Job, todo: list, logger, bar, order: int = 0, source=None) -> None:
