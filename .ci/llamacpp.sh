@@ -11,11 +11,12 @@ VENV="${1:-.venv}"
 PKG="llama-cpp-python==0.3.36"
 STAMP="$VENV/.llamacpp-installed"
 if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then exit 0; fi
+# LLAVA_BUILD=OFF: no multimodal library (51 of the 178 objects; the binding loads it only for image chats)
 if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
-  export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
+  export CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
 -DGGML_AVX512_VBMI=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
 else
-  export CMAKE_ARGS="-DGGML_NATIVE=ON"
+  export CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON"
 fi
 start=$(date +%s)
 "$VENV/bin/pip" install -q --no-cache-dir "$PKG"

@@ -242,3 +242,63 @@ def test_the_gguf_target_computes_the_tiny_targets_logits(tiny_runner):
         ref = target(torch.tensor([ids])).logits[0].numpy()
     assert np.abs(ours - ref).max() <= 1e-3 * np.abs(ref).max()
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
+
+
+# ---- the embedded Q4_K_M pair (llamacpp and slow) --------------------------------------------------------------
+NEAR_TIE = 1.0   # logits: a rounding difference between llama.cpp's batched and 1-token kernels flips only a near tie
+
+
+@pytest.mark.llamacpp
+@pytest.mark.slow
+def test_on_the_q4km_pair_sd_leaves_ar_only_at_near_ties(tmp_path):
+    """llama.cpp's greedy sd against its own ar on the embedded pair (4 prompts, 48 tokens): the samples where the
+    tokens differ are counted (printed), and at each first difference ar's token and sd's are the target's top two
+    under the 1-token evaluation, within NEAR_TIE of each other."""
+    from mars_bench.engines.llamacpp.engine import gguf_paths
+    from mars_bench.run.bench import model_cfg
+
+    res = subprocess.run([sys.executable, "-m", "mars_bench.cli", "task=prompts", "limit=4", "max_new_tokens=48",
+                          "progress=false", f"results_dir={tmp_path}",
+                          "interleave=[[method=ar,engine=llamacpp],[method=sd,method.k=6,engine=llamacpp]]"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = runs_of(tmp_path)
+    ar, sd = (pick(runs, s, "llamacpp")[1] for s in ("ar", "sd"))
+    prompts = {r["id"]: r for r in ar}
+    target, _ = gguf_paths(model_cfg(), need_draft=False)
+    one = llamacpp.LlamaCppRunner(str(target), threads=torch.get_num_threads(), n_ctx=1024)
+    differ = 0
+    for r in sd:
+        a, s = prompts[r["id"]]["turns"][0]["output_ids"], r["turns"][0]["output_ids"]
+        if a == s:
+            continue
+        differ += 1
+        j = next(i for i, (x, y) in enumerate(zip(a, s)) if x != y)
+        prompt_len = prompts[r["id"]]["turns"][0]["prompt_tokens"]
+        ids = one_prompt(tmp_path, r["id"])
+        assert len(ids) == prompt_len
+        one.llm.reset()
+        one.llm.eval(ids)
+        for t in a[:j]:                     # ar's path: one token at a time after the prefill
+            one.llm.eval([t])
+        z = np.ctypeslib.as_array(__import__("llama_cpp").llama_get_logits_ith(one.llm.ctx, -1),
+                                  shape=(one.llm.n_vocab(),))
+        top2 = sorted(np.argsort(z)[-2:].tolist())
+        assert sorted([a[j], s[j]]) == top2 and abs(z[a[j]] - z[s[j]]) < NEAR_TIE, (r["id"], j)
+    print(f"llama.cpp greedy sd left its ar's tokens on {differ} of {len(sd)} samples (each at a near tie)")
+
+
+def one_prompt(results_dir, sample_id) -> list[int]:
+    """The prompt ids the engine decoded for a sample of the prompts task (its run's config, its tokenizer)."""
+    from omegaconf import OmegaConf
+
+    from mars_bench.engines.llamacpp.engine import tokenizer_of
+    from mars_bench.tasks import build_messages, get_task
+
+    cfg = OmegaConf.load(next(results_dir.rglob("config.yaml")))
+    tok, chat, _ = tokenizer_of(cfg.model)
+    task = get_task("prompts")
+    sample = next(s for s in task.load(os.environ.get("MARS_BENCH_DATA_DIR") or cfg.data_dir, limit=4)
+                  if s.id == sample_id)
+    return tok.apply_chat_template(build_messages(task, sample, [], 0), add_generation_prompt=True,
+                                   return_dict=False, **chat)

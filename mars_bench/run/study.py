@@ -11,7 +11,7 @@ import logging
 import math
 
 from mars_bench.base.errors import ConfigError
-from mars_bench.run.runner import (Job, Models, backend_row_invariant, close_jobs, decode_samples, progress_bar, run_interleaved,
+from mars_bench.run.runner import (Job, backend_row_invariant, close_jobs, decode_samples, models_for, progress_bar, run_interleaved,
                      summarize_jobs, variant_configs)
 from mars_bench.store.spec import RunSpec
 from mars_bench.config.validation import validate_study
@@ -66,7 +66,7 @@ def run_study(cfg) -> list[dict]:
 
     def models():
         if ctx[0] is None:
-            ctx[0] = Models(cfg, [j.method for j in probe])
+            ctx[0] = models_for(probe)   # one Models per engine the entries name
         return ctx[0]
 
     log.info("study: quality phase, %d methods x %d samples at batch size %d (%s only timed: tokens are ar's)",
