@@ -145,6 +145,13 @@ class LlamaCppRunner:
             self.draft = _greedy_draft_class()(_load(draft_gguf, threads, n_ctx), k, eos_ids, p_min)
         self.llm = _load(target_gguf, threads, n_ctx, draft=self.draft)
 
+    def close(self) -> None:
+        """Free llama.cpp's models and contexts now (at interpreter exit the binding's own cleanup finds its
+        library half torn down)."""
+        for llm in (self.llm, self.draft.llm if self.draft else None):
+            if llm is not None:
+                llm.close()
+
     def set_draft(self, k: int, p_min: float = 0.0) -> None:
         """The next speculative runs' most drafts per step and early stop (one loaded draft serves every k)."""
         self.draft.k, self.draft.p_min = int(k), float(p_min)
@@ -249,7 +256,8 @@ def write_qwen2_gguf(model, tokenizer, path: Path, name: str) -> Path:
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokenizer.convert_ids_to_tokens(list(range(vocab))))
     w.add_token_types([3 if i in specials else 1 for i in range(vocab)])   # 3: control
-    w.add_token_merges([])
+    w.add_token_merges([f"{t} {t}" for t in tokenizer.convert_ids_to_tokens([0])])   # llama.cpp requires merges; it
+    #                      never tokenizes here (the ids come from the tokenizer), so one placeholder serves
     w.add_eos_token_id(int(tokenizer.eos_token_id))
     w.add_add_bos_token(False)
     for hf_name, t in model.state_dict().items():

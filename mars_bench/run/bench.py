@@ -44,7 +44,7 @@ def run_compare(compare: str, task: str, runs_dir: Path, overrides=(), threads: 
                 quiet: bool = False) -> float:
     """One runner invocation, `mars-bench +compare=<compare> task=<task> <overrides>` into ``runs_dir``, in a
     process of its own; returns that process's peak resident memory in GB (its ru_maxrss)."""
-    cmd = [sys.executable, "-m", "mars_bench.run", f"+compare={compare}", f"task={task}",
+    cmd = [sys.executable, "-m", "mars_bench.cli", f"+compare={compare}", f"task={task}",
            f"results_dir={runs_dir}", *overrides]
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     print("+ mars-bench " + " ".join(cmd[3:]), file=sys.stderr, flush=True)

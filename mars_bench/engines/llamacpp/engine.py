@@ -17,6 +17,7 @@ the same count. One loaded target serves ar and sd, one draft every k.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -126,6 +127,7 @@ class Models:
                  threads)
         self.runner = llamacpp.LlamaCppRunner(str(target), str(draft) if draft else None, threads=threads,
                                               n_ctx=self.n_ctx, eos_ids=self.eos)
+        atexit.register(self.runner.close)
         self.kernel = f"llama.cpp-{self.version}"
         self.machine = machine("cpu")
 
