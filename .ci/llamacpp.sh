@@ -2,8 +2,9 @@
 # The llama.cpp engine's binding (docs/llamacpp.md), built from its sdist into the project's virtualenv (it needs
 # only numpy, jinja2, diskcache and typing-extensions beside the project's). On CPUs with AMX (Sapphire Rapids and
 # later) ggml's AMX code crashed on batched evaluations of the real target with GGML_NATIVE=ON (0.3.36): there the
-# build names the AVX-512 families and leaves AMX out; elsewhere GGML_NATIVE=ON. ~5 min on 2 cores (measured:
-# docs/llamacpp.md). Idempotent: a finished install leaves $VENV/.llamacpp-installed and reruns return at once.
+# build names the AVX-512 families and leaves AMX out; elsewhere GGML_NATIVE=ON. The first build takes 15-25 min on 2
+# busy cores (docs/llamacpp.md), later installs seconds (the wheel is cached below). Idempotent: a finished install
+# leaves $VENV/.llamacpp-installed and reruns return at once.
 # Usage: bash .ci/llamacpp.sh [VENV]   (default .venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,8 +19,19 @@ if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
 else
   export CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON"
 fi
+# The built wheel is kept per (package, build flags, CPU): a fresh clone on the same machine installs it in seconds;
+# another CPU (a shared home) builds its own, so a -march=native build never reaches a CPU that lacks its ISA.
+KEY=$(printf '%s\n%s\n%s\n' "$PKG" "$CMAKE_ARGS" "$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo || uname -m)" \
+      | sha256sum | cut -c1-16)
+WHEELS="${MARS_BENCH_CACHE:-$HOME/.cache/mars-bench}/wheels/llama-cpp-python-$KEY"
 start=$(date +%s)
-"$VENV/bin/pip" install -q --no-cache-dir "$PKG"
+if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  rm -rf "$WHEELS.tmp.$$"
+  "$VENV/bin/pip" wheel -q --no-cache-dir --no-deps -w "$WHEELS.tmp.$$" "$PKG"
+  mv "$WHEELS.tmp.$$" "$WHEELS" 2>/dev/null || rm -rf "$WHEELS.tmp.$$"   # another build finished first: keep it
+  echo "llama-cpp-python built in $(( $(date +%s) - start )) s ($CMAKE_ARGS) -> $WHEELS"
+fi
+"$VENV/bin/pip" install -q "$WHEELS"/llama_cpp_python-*.whl
 "$VENV/bin/python" -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"
 touch "$STAMP"
-echo "llama-cpp-python built and installed into $VENV in $(( $(date +%s) - start )) s ($CMAKE_ARGS)"
+echo "llama-cpp-python ready in $VENV in $(( $(date +%s) - start )) s"
