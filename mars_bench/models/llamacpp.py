@@ -13,8 +13,8 @@ draft is a second ``Llama`` wrapped as the binding's ``LlamaDraftModel`` (``Gree
 cache, rolls it back to the longest common prefix of what it is shown and proposes up to ``k`` greedy tokens,
 stopping early where its top-1 probability is below ``p_min`` (llama.cpp's ``--draft-p-min``; 0: never). The
 draft's logits are read for its last position only; the target's for every position (the binding turns
-``logits_all`` on when a draft is given: its prefill then also computes the LM head for every prompt position,
-for ar and sd alike, since one loaded target serves both).
+``logits_all`` on when a draft is given, and ``LlamaCppRunner`` always: its prefill then also computes the LM head
+for every prompt position, for ar and sd alike, whether or not a draft is loaded).
 
 Steps: the prefill commits the first token (no drafts), then each draft call is one target evaluation: steps =
 1 + calls, and a call's accepted count is the length of the common prefix of its drafts and the tokens that
@@ -143,7 +143,9 @@ class LlamaCppRunner:
         self.n_ctx, self.draft = n_ctx, None
         if draft_gguf is not None:
             self.draft = _greedy_draft_class()(_load(draft_gguf, threads, n_ctx), k, eos_ids, p_min)
-        self.llm = _load(target_gguf, threads, n_ctx, draft=self.draft)
+        # logits_all: as the binding sets it for a target with a draft, also without one, so ar costs the same
+        # whether or not a draft is loaded beside it
+        self.llm = _load(target_gguf, threads, n_ctx, logits_all=True, draft=self.draft)
 
     def close(self) -> None:
         """Free llama.cpp's models and contexts now (at interpreter exit the binding's own cleanup finds its
