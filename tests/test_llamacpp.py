@@ -1,11 +1,12 @@
-"""llama.cpp anchor (optional extra): greedy AR and speculative decoding of a tiny GGUF through the binding."""
+"""llama.cpp through the binding (models/llamacpp.py; marker ``llamacpp``: bash .ci/llamacpp.sh): greedy AR and
+speculative decoding of a tiny GGUF, its step counts and the bench's forward costs."""
 import pytest
 
 from mars_bench.models import llamacpp
 
 from .test_embedded import write_tiny_gguf
 
-pytestmark = pytest.mark.skipif(llamacpp.unavailable() is not None, reason=str(llamacpp.unavailable()))
+pytestmark = pytest.mark.llamacpp
 
 
 @pytest.fixture(scope="module")
@@ -21,14 +22,15 @@ def test_ar_and_speculative_with_the_target_as_draft_agree(gguf_pair):
     prompt = [5, 6, 7, 8]
     a = ar.run(prompt, 20, eos_ids=())
     b = spec.run(prompt, 20, eos_ids=())
-    assert len(a["tokens"]) == 20 and a["steps"] is None and a["wall_s"] > 0
+    assert len(a["tokens"]) == 20 and a["steps"] == 20 and a["proposed"] == [] and a["wall_s"] > a["prefill_s"] > 0
     assert b["tokens"] == a["tokens"]                       # F32 tiny model: same greedy tokens
     assert 0 < b["steps"] < len(b["tokens"])                # a draft equal to the target is accepted
+    assert b["steps"] == len(b["proposed"]) and b["accepted"][1:] == b["proposed"][1:-1] + b["accepted"][-1:]
     stop = a["tokens"][3]
     first = a["tokens"].index(stop)
     assert ar.run(prompt, 20, eos_ids={stop})["tokens"] == a["tokens"][:first + 1]   # stops at eos
     plain = spec.run(prompt, 20, eos_ids=(), speculative=False)
-    assert plain["tokens"] == a["tokens"] and plain["steps"] is None
+    assert plain["tokens"] == a["tokens"] and plain["steps"] == 20 and plain["draft_s"] == 0
     with pytest.raises(ValueError, match="needs a draft_gguf"):
         ar.run(prompt, 5, eos_ids=(), speculative=True)
 

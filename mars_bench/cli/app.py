@@ -34,7 +34,8 @@ def bad_input_errors() -> tuple:
 def variant_configs(cfg, overrides) -> tuple:
     """The config of every entry of ``interleave`` (a list of override lists), composed like a job of a sweep
     from this job's own ``overrides`` (Hydra's task overrides) plus the entry's; entries may change only method.*
-    and rule.*. Each variant is a plain run (no interleave, study.batch_size 0: the study drives them)."""
+    and rule.*, and the engine (e.g. engine=llamacpp beside the native engine's methods: ``runner.models_for``). Each
+    variant is a plain run (no interleave, study.batch_size 0: the study drives them)."""
     from hydra import compose
     from omegaconf import OmegaConf
 
@@ -42,9 +43,9 @@ def variant_configs(cfg, overrides) -> tuple:
     out = []
     for entry in cfg.get("interleave") or []:
         entry = [entry] if isinstance(entry, str) else list(entry)
-        bad = [o for o in entry if o.split("=")[0].lstrip("+~").split(".")[0] not in ("method", "rule")]
+        bad = [o for o in entry if o.split("=")[0].lstrip("+~").split(".")[0] not in ("method", "rule", "engine")]
         if bad:
-            raise ConfigError(f"interleave entry {bad[0]!r}; allowed: overrides of method.* and rule.* only "
+            raise ConfigError(f"interleave entry {bad[0]!r}; allowed: overrides of method.*, rule.* and engine only "
                               "(the compared methods share model, task and decoding settings)")
         v = compose(config_name="config", overrides=base + entry)
         OmegaConf.set_struct(v, False)

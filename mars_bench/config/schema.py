@@ -83,7 +83,7 @@ RuleConfig = _rule_schema()
 
 @dataclass
 class TaskConfig:
-    name: str = "prompts"           # prompts | gsm8k | humaneval | mt_bench | wmt19_zh_en
+    name: str = "prompts"           # a task of mars_bench/tasks/ (tasks.TASKS: one module + tasks/specs/<name>/ each)
     max_new_tokens: Optional[int] = None  # null = the protocol's budget, else the task's default
 
 

@@ -42,7 +42,7 @@ from mars_bench.report.restate import current_summary, stats_settings
 DEFAULT_THETA = RULES["mars"].knob_map["theta"].default   # the paper's default, registered once
 INTEGERS = ("k", "batch_size", "max_new_tokens", "seed", "task_version", "n", "new_tokens", "steps", "idx_authors",
             "n_proposed", "n_accepted", "n_exact", "n_relaxed", "n_common", "n_compared", "quality_n", "n_budget", "n_budget_any",
-            "n_no_budget", "n_budget_dropped", "n_vs_sd", "n_contended")
+            "n_no_budget", "n_budget_dropped", "n_vs_sd", "n_contended", "n_vs_native")
 KEYS = ("run", "model_dir", "task_dir", "model", "task", "task_version", "tag", "group", "spec", "method", "scheme",
         "rule", "k", "theta", "sweep_knob", "sweep_value", "temperature", "top_p", "max_new_tokens", "seed", "flags",
         "family", "label", "settings_label", "title", "relaxed", "lossless", "n", "truncated", "n_compared",
@@ -77,9 +77,10 @@ def load_frames(roots: str | Path | Iterable[str | Path]) -> Frames:
     for run in found:
         ar = _match(found, run, run.spec.baseline()) if run.spec.scheme != "ar" else None
         ref = _match(found, run, run.spec.lossless_reference())
+        native = _match(found, run, run.spec.baseline(native=True)) if run.spec.engine != "native" else None
         s = current_summary(run, ar, ref)
         rows.append({**_row(run, s, ar, ref), **_budget_columns(run, s, ar), **_sd_speed_columns(run, s, ref),
-                     **_contention_columns(run)})
+                     **_contention_columns(run), **_sd_speed_columns(run, s, native, "native")})
         per = ((s.get("fidelity") or {}).get("per_sample")) or {}
         samples += [{"run": run.key, **sample_row(rec), **_fidelity(per.get(rec["id"]))} for rec in run.records]
     _baseline_formats(rows)
@@ -149,11 +150,12 @@ def _budget_columns(run: RunFiles, s: dict, ar: RunFiles | None) -> dict:
     return out
 
 
-def _sd_speed_columns(run: RunFiles, s: dict, ref: RunFiles | None) -> dict:
+def _sd_speed_columns(run: RunFiles, s: dict, ref: RunFiles | None, name: str = "sd") -> dict:
     """A lossy run's speed over its lossless reference (sd for mars: the same drafting, exact verification), paired
     on the samples both decoded on one machine (``metrics.speed_pairs``): speedup_vs_sd [lo, hi] (``stats.speedup_ci``,
     the reference in ar's place) and n_vs_sd. The paper's claim that MARS is faster than sd is read from it, not
-    from two speedups over ar whose intervals overlap."""
+    from two speedups over ar whose intervals overlap. ``name`` native: another engine's run (llama.cpp's) over the
+    native engine's ar of the same settings (``RunSpec.baseline(native=True)``): speedup_vs_native, n_vs_native."""
     if ref is None or not ref.records or not run.records:
         return {}
     pairs = M.speed_pairs(R.as_records(run.records), R.as_records(ref.records))
@@ -162,8 +164,8 @@ def _sd_speed_columns(run: RunFiles, s: dict, ref: RunFiles | None) -> dict:
     col = lambda i, k: [getattr(p[i], k) for p in pairs]  # noqa: E731
     est = S.speedup_ci(col(0, "new_tokens"), col(0, "wall_s"), col(1, "new_tokens"), col(1, "wall_s"),
                        stats_settings(s.get("stats")))
-    return {"speedup_vs_sd": est["value"], "speedup_vs_sd_lo": est["lo"], "speedup_vs_sd_hi": est["hi"],
-            "n_vs_sd": est["n"]}
+    return {f"speedup_vs_{name}": est["value"], f"speedup_vs_{name}_lo": est["lo"], f"speedup_vs_{name}_hi": est["hi"],
+            f"n_vs_{name}": est["n"]}
 
 
 def _contention_columns(run: RunFiles) -> dict:

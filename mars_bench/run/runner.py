@@ -186,7 +186,7 @@ def run(cfg, launch: Launch = Launch()) -> dict | list[dict]:
             raise ValueError("interleave is set but launch.variants is empty; allowed: the variants the CLI "
                              "composes (cli.app.launch_of)")
         jobs = [Job(v, interleaved=True) for v in launch.variants]   # every variant validated before any model loads
-        return run_interleaved(jobs, lambda: models_for(jobs[0].cfg, [j.method for j in jobs]), launch.sweep)
+        return run_interleaved(jobs, lambda: models_for(jobs), launch.sweep)
     job = Job(cfg)
     log.info("%s: %d samples (%d already done) -> %s", job.label, len(job.samples),
              len(job.samples) - len(job.todo), job.run_dir)
@@ -194,7 +194,7 @@ def run(cfg, launch: Launch = Launch()) -> dict | list[dict]:
     try:
         if job.todo:   # a finished run (e.g. a reused ar baseline) loads no model: it only re-summarizes
             mark = contention.Probe().begin()
-            models = models_for(cfg, [job.method])
+            models = models_for([job])
             say_if_busy(mark, job.tag.batch_size)
             bar = progress_bar(job.label, job.progress, len(job.todo))
             todo = [(i, s) for i, s in enumerate(job.samples) if s.id in job.todo]
@@ -328,6 +328,40 @@ def run_batched(jobs: list, models, sweep: str = "run", label: str = "batched") 
 CHUNK_BATCHES = 4   # interleaved and batched: each method decodes 4 x batch_size samples in turn
 
 
+def models_for(jobs: list):
+    """The loaded models of interleaved jobs: one ``Models`` per engine they name, each loaded once with its jobs'
+    methods; several engines (an entry saying engine=...): ``PerEngine`` sends each job to its own."""
+    by_engine: dict = {}
+    for j in jobs:
+        by_engine.setdefault(j.cfg.engine.name, []).append(j)
+    loaded = {name: _engine_models(js[0].cfg, [j.method for j in js]) for name, js in by_engine.items()}
+    return next(iter(loaded.values())) if len(loaded) == 1 else PerEngine(loaded)
+
+
+def _engine_models(cfg, methods: list):
+    """The loaded models that decode ``methods`` (every method of one engine, loaded once): ``NativeModels`` for the
+    native engine, else the engine's own (``engines.models``; same records)."""
+    if cfg.engine.name != engines.NATIVE:
+        return engines.models(cfg, methods)
+    return NativeModels(cfg.model, methods)
+
+
+class PerEngine:
+    """Interleaved jobs of several engines: each job's ``decode`` / ``decode_batched`` go to its engine's Models."""
+
+    def __init__(self, loaded: dict):
+        self.loaded = loaded
+
+    def of(self, job):
+        return self.loaded[job.cfg.engine.name]
+
+    def decode(self, job, sample, index: int, order: int = 0) -> dict:
+        return self.of(job).decode(job, sample, index, order)
+
+    def decode_batched(self, job, todo: list, write, order: int = 0, source=None) -> None:
+        self.of(job).decode_batched(job, todo, write, order=order, source=source)
+
+
 def decode_samples(ctx, job: Job, todo: list, logger, bar, order: int = 0, source=None) -> None:
     """The job's samples ``todo`` ([(index, sample)]) decoded (the loaded models' ``decode_batched``), each record
     written as it finishes."""
@@ -339,14 +373,6 @@ def _write(job: Job, sample, record: dict, logger) -> None:
     job.writer.write(record)
     job.todo.discard(sample.id)
     logger.log_sample(record)
-
-
-def models_for(cfg, methods: list):
-    """The loaded models that decode ``methods`` (every method of a run, loaded once): ``NativeModels`` for the
-    native engine, else the engine's own (``engines.models``; same records)."""
-    if cfg.engine.name != engines.NATIVE:
-        return engines.models(cfg, methods)
-    return NativeModels(cfg.model, methods)
 
 
 class NativeModels:

@@ -66,7 +66,7 @@ def run_study(cfg, launch: Launch) -> list[dict]:
 
     def models():
         if ctx[0] is None:
-            ctx[0] = models_for(timed[0].cfg, [j.method for j in timed])
+            ctx[0] = models_for(timed)   # one set of models per engine the entries name
         return ctx[0]
 
     log.info("study: quality phase, %d methods x %d samples at batch size %d (%s only timed: tokens are ar's)",

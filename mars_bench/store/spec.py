@@ -90,8 +90,8 @@ class RunSpec:
     # a result tree written before run identities, which no new run ever matches.
     model: dict | None = None
     draft_model: dict | None = None
-    engine: str = NATIVE            # what runs the decoding loop: native (ours) | vllm
-    engine_version: str | None = None   # the engine's version where it is not this package (vllm)
+    engine: str = NATIVE            # what runs the decoding loop: native (ours) | vllm | llamacpp
+    engine_version: str | None = None   # the engine's version where it is not this package (vllm, llamacpp)
 
     def __post_init__(self):
         """Checks scheme and rule and gives every number its one type (floats as floats, counts as ints, the
@@ -212,12 +212,14 @@ class RunSpec:
         return parts
 
     # ---- related runs ------------------------------------------------------------------------
-    def baseline(self) -> "RunSpec":
-        """The ar run of the same target and settings (speedup, fidelity)."""
+    def baseline(self, native: bool = False) -> "RunSpec":
+        """The ar run of the same target and settings (speedup, fidelity) on the same engine; ``native``: on the
+        native engine (the ratio of another engine's run, e.g. llama.cpp's, to this package's ar)."""
+        engine, version = ("native", None) if native else (self.engine, self.engine_version)
         return RunSpec("ar", "exact", self.temperature, self.top_p, self.max_new_tokens, self.seed,
                        batch_size=self.batch_size, system_prompt=self.system_prompt, budget=self.budget,
                        enable_thinking=self.enable_thinking, task_prompts=self.task_prompts, model=self.model,
-                       engine=self.engine, engine_version=self.engine_version)
+                       engine=engine, engine_version=version)
 
     @property
     def speculative(self) -> bool:

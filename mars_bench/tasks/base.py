@@ -1,4 +1,4 @@
-"""The task interface: ``Sample``, and ``Task`` whose defaults come from ``tasks/<name>/task.yaml``.
+"""The task interface: ``Sample``, and ``Task`` whose defaults come from ``tasks/specs/<name>/task.yaml``.
 
 Each yaml file states a task's defaults once (version, data files, row count, prompt template, stop strings,
 ``max_new_tokens``, metrics, subsets, options); this module only reads and applies them.
