@@ -86,7 +86,7 @@ def _timed(frames, row) -> tuple[str, str]:
 
 
 def _notes(table, row) -> list[str]:
-    return [table.footnotes[int(i) - 1] for i in re.findall(r"\[(\d+)\]", row["notes"] or "")]
+    return table.notes_of(row["notes"])
 
 
 def _quality_flags(loaded) -> set:

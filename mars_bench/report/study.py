@@ -24,7 +24,7 @@ from mars_bench.report.columns import val
 from mars_bench.report.frames import headline, is_twin, study_pairs
 from mars_bench.report.definitions import (BASE, CI_DEFINITION, NI_DEFINITION, NO_BUDGET_DEFINITION, SPEED_DEFS, TRUNCATION_LIMIT,
                           metric_label, paired_cells)
-from mars_bench.report.writer import Table, ci
+from mars_bench.report.writer import Table, ci, note_marks
 
 QUALITY_COLUMNS = {**ci("tau"), **ci("pct_identical", "identical")}
 SPEED_COLUMNS = {"n": "n_timed", **ci("tokens_per_s"), **ci("speedup"), **ci("speedup_authors"),
@@ -217,4 +217,4 @@ def study_notes(table: Table, timed, q, ar_q, items: list[str] | None = None) ->
                                           if r is not None})
     warn, items = warn + warn_c, items + items_c
     marks = [table.footnote(text) for text in warn + items]
-    return ("⚠ " if warn else "") + ",".join(f"[{m}]" for m in marks)
+    return note_marks(marks, bool(warn))

@@ -31,7 +31,7 @@ from mars_bench.report.definitions import (ACCEPTANCE_DEFINITION, AUTHORS_DEFINI
 from mars_bench.report.frames import DEFAULT_THETA, at_theta, groups, headline, reported, rows
 from mars_bench.report.paper import paper_table, paper_tables  # noqa: F401 (paper_table: the API)
 from mars_bench.report.study import study_table
-from mars_bench.report.writer import ARROW, Table, ci, cells, select
+from mars_bench.report.writer import ARROW, Table, ci, cells, note_marks, select
 
 SPEED = {"n": "n", "acceptance_rate": "acceptance", **ci("tokens_per_s"), **ci("tau"), **ci("tau_authors"),
          **ci("speedup"), **ci("speedup_authors"), **ci("speedup_no_budget")}
@@ -54,7 +54,7 @@ def _notes(table: Table, run) -> str:
                      "samples decoded on the same machine as ar's")
     marks = [table.footnote(text) for text in items]
     warn = problems or (cut is not None and cut > TRUNCATION_LIMIT)
-    return ("⚠ " if warn else "") + ",".join(f"[{m}]" for m in marks)
+    return note_marks(marks, bool(warn))
 
 
 def _common(table: Table, runs: pd.DataFrame) -> pd.DataFrame:

@@ -68,6 +68,18 @@ def cells(runs: pd.DataFrame, metrics, names: dict) -> pd.DataFrame:
                          for pat, key in names.items()}, index=runs.index)
 
 
+def note_marks(marks, warn: bool = False) -> str:
+    """A row's footnote markers in one bracket, sorted, runs as ranges: '⚠ [3,4,6,10-12]' ('⚠' when ``warn``)."""
+    nums, parts = sorted(set(marks)), []
+    for n in nums:
+        if parts and n == parts[-1][1] + 1:
+            parts[-1][1] = n
+        else:
+            parts.append([n, n])
+    text = ",".join(str(a) if a == b else f"{a},{b}" if b == a + 1 else f"{a}-{b}" for a, b in parts)
+    return (("⚠ " if warn else "") + f"[{text}]") if nums else ""
+
+
 @dataclass
 class Table:
     name: str
@@ -128,11 +140,18 @@ class Table:
             df["notes"] = [self._note_text(v) for v in df["notes"]]
         return df.to_csv(index=False, lineterminator="\n")
 
+    def notes_of(self, marks) -> list[str]:
+        """The footnotes a row's markers (``note_marks``) point to."""
+        if not isinstance(marks, str) or not marks.strip("⚠ "):
+            return []
+        nums = []
+        for part in marks.replace("⚠", "").strip().strip("[]").split(","):
+            lo, _, hi = part.strip().partition("-")
+            nums += range(int(lo), int(hi or lo) + 1)
+        return [self.footnotes[i - 1] for i in nums]
+
     def _note_text(self, marks) -> str:
-        if not isinstance(marks, str) or not marks:
-            return ""
-        nums = [int(x) for x in marks.replace("⚠", "").replace("[", " ").replace("]", " ").replace(",", " ").split()]
-        return " | ".join(self.footnotes[i - 1] for i in nums)
+        return " | ".join(self.notes_of(marks))
 
     def to_latex(self) -> str:
         out = self.shown(tex).to_latex(
