@@ -10,7 +10,9 @@ STAMP   := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	@# torch pinned here, not in pyproject.toml: the reference build is 2.13.0's CPU wheel (the range there lets
+	@# vLLM 0.33 / 0.34 bring their 2.14; left to the range, pip picks 2.14's 900 MB CUDA wheel)
+	$(BIN)/pip install -q -e '.[test]' 'torch==2.13.0'
 	@# bubblewrap isolates model-written code (HumanEval); without it the sandbox warns loudly
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)) || \

@@ -143,7 +143,8 @@ def eagle3_drafter(target, device, small: bool):
               "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
               "head_dim": c.head_dim, "vocab_size": c.vocab_size, "draft_vocab_size": draft_vocab,
               "max_position_embeddings": 4096, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu",
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, c.num_hidden_layers // 2,
+              # decoder-layer ids (hidden_states index = id + 1 <= L - 1: the last is final-normed)
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, (c.num_hidden_layers - 1) // 2,
                                                                     c.num_hidden_layers - 2]}}
     torch.manual_seed(2)
     head = Eagle3Head(config).to(torch.bfloat16)

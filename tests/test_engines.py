@@ -47,7 +47,7 @@ def fake_engine(tmp_path, monkeypatch):
         def __init__(self, cfg, methods):
             native = OmegaConf.create(OmegaConf.to_container(cfg))
             native.engine.name = "native"
-            self._native = R.models_for(native, methods)
+            self._native = R.engine_models(native, methods)
             built.append([m.name for m in methods])
 
         def __getattr__(self, name):
@@ -87,3 +87,31 @@ def test_what_an_engine_cannot_run_is_refused_in_one_line(tmp_path, fake_engine)
         R.run(cfg)
     assert str(e.value) == "temperature=1.0 cannot run on engine=fake; allowed: 0"
     assert not fake_engine and not (tmp_path / "tiny_fp32_cpu").exists()
+
+
+def test_each_engine_declares_its_own_settings_and_another_engines_are_refused_in_one_line():
+    from dataclasses import fields
+
+    from mars_bench.config.overrides import check_overrides
+    from mars_bench.config.schema import Config
+
+    assert {f.name for f in fields(Config)} >= {"engine"} and "EngineConfig" not in dir(__import__(
+        "mars_bench.config.schema", fromlist=["x"]))
+    check_overrides(["engine=vllm", "engine.tensor_parallel_size=2", "engine.tiny_shape.head_dim=16"])
+    check_overrides(["engine=llamacpp", "engine.max_model_len=256"])
+    for argv, line in [
+        (["engine.tensor_parallel_size=2"],
+         "engine.tensor_parallel_size is a setting of engine=vllm; allowed with engine=native: name, version"),
+        (["engine=llamacpp", "engine.gpu_memory_utilization=0.5"],
+         "engine.gpu_memory_utilization is a setting of engine=vllm; allowed with engine=llamacpp: "),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            check_overrides(argv)
+        assert str(e.value).startswith(line) and "\n" not in str(e.value)
+
+
+def test_vllms_tiny_shape_is_declared_once_in_its_yaml():
+    from mars_bench.engines.vllm import engine as engine_vllm
+
+    declared = OmegaConf.load(engines.CONF / "vllm.yaml").engine.tiny_shape
+    assert engine_vllm.TINY_SHAPE == dict(declared) and engine_vllm.TINY_SHAPE["head_dim"] == 32

@@ -16,6 +16,7 @@ import torch
 
 from mars_bench import engines
 from mars_bench.base.errors import ConfigError
+from mars_bench.config.settings import method_of
 from mars_bench.config.spec import spec_of
 from mars_bench.config.validation import validate
 from mars_bench.engines.llamacpp.engine import outcome
@@ -39,9 +40,9 @@ from .test_cli import tiny_cfg
 ])
 def test_what_it_cannot_run_is_refused_in_one_line(tmp_path, overrides, line):
     cfg = tiny_cfg(tmp_path, "engine=llamacpp", "task=prompts", *overrides)
-    validate(cfg)
+    method = validate(cfg)
     with pytest.raises(ConfigError) as e:
-        engines.validate(cfg)
+        engines.validate(cfg, method)
     assert str(e.value).startswith(line) and "\n" not in str(e.value)
 
 
@@ -49,18 +50,18 @@ def test_a_hub_model_is_refused(tmp_path):
     cfg = tiny_cfg(tmp_path, "engine=llamacpp", "task=prompts", "method=ar")
     cfg.model.source = "hf"
     with pytest.raises(ConfigError, match=r"^model.source=hf cannot run on engine=llamacpp; allowed: embedded, tiny"):
-        engines.validate(cfg)
+        engines.validate(cfg, method_of(cfg))
 
 
 def test_it_is_an_engine_and_its_draft_runs_as_stored(tmp_path):
     assert "llamacpp" in engines.names()
     cfg = tiny_cfg(tmp_path, "engine=llamacpp", "task=prompts", "method=sd", "model.draft_quant=q8")
     if llamacpp.unavailable() is None:
-        engines.validate(cfg)
+        engines.validate(cfg, method_of(cfg))
         assert cfg.model.draft_quant == "none" and cfg.engine.version == llamacpp.version()
     else:   # refused with the binding's absence, after the settings passed
         with pytest.raises(ConfigError, match=r"^engine=llamacpp: llama-cpp-python not installed"):
-            engines.validate(cfg)
+            engines.validate(cfg, method_of(cfg))
 
 
 def test_steps_prefill_first_then_one_per_draft_call():

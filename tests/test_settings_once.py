@@ -135,11 +135,11 @@ def test_the_summary_is_written_from_typed_values(tmp_path):
 
 def test_the_models_come_from_a_plain_factory(tmp_path):
     job = R.Job(tiny_cfg(tmp_path, "method=sd", "task=gsm8k", "limit=1"))
-    models = R.models_for(job.cfg, [job.method])
+    models = R.models_for([job])
     assert type(models) is R.NativeModels and not isinstance(R.models_for, type)
 
 
 def test_the_default_engine_is_named_once():
     assert engines.NATIVE is NATIVE and engines.names()[0] == NATIVE
     assert {f.name: f.default for f in fields(RunSpec)}["engine"] == NATIVE
-    assert C.EngineConfig().name == NATIVE                        # the schema's default is that engine
+    assert C.engine_default()["name"] == NATIVE                        # the schema's default is that engine

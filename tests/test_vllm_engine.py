@@ -33,10 +33,10 @@ def context(tmp, base=TINY):
     """(models, run): one engine=vllm ``Models`` for the pair of ``base``; ``run(name, *overrides)`` decodes the
     run's samples once per name and returns their records by sample id."""
     from mars_bench.config.settings import method_of
-    from mars_bench.run.runner import Job, models_for
+    from mars_bench.run.runner import Job, engine_models
 
     held = [method_of(cfg_of(tmp, f"method={m}", base=base)) for m in ("ar", "sd")]   # mars shares sd's LLM
-    models = models_for(cfg_of(tmp, "method=sd", base=base), held)
+    models = engine_models(cfg_of(tmp, "method=sd", base=base), held)
     runs = {}
 
     def run(name, *overrides):
@@ -170,7 +170,7 @@ def test_sampled_mars_relaxations_obey_the_rule_and_strict_is_exact(ctx):
 def test_vllm_ar_against_the_native_engine(ctx, tmp_path):
     """Where vLLM's greedy ar and the native engine's differ (same weights, loaded from the same directory), each
     divergence is a near-tie of the target's logits, never a large gap."""
-    from mars_bench.run.runner import Job, models_for
+    from mars_bench.run.runner import Job, engine_models
 
     models, run = ctx
     ar = run("ar", "method=ar")
@@ -178,7 +178,7 @@ def test_vllm_ar_against_the_native_engine(ctx, tmp_path):
                  "model.draft=null")
     job = Job(cfg)
     native = {}
-    models_for(cfg, [job.method]).decode_batched(job, list(enumerate(job.samples)), lambda s, r: native.update({r["id"]: r}))
+    engine_models(cfg, [job.method]).decode_batched(job, list(enumerate(job.samples)), lambda s, r: native.update({r["id"]: r}))
     from transformers import AutoModelForCausalLM
 
     target = AutoModelForCausalLM.from_pretrained(models.target_dir, dtype=torch.float32).eval()

@@ -59,8 +59,8 @@ def test_vllm_tiny_identity_follows_the_shape_seed_and_noise(monkeypatch):
     assert _spec("model=tiny", "engine=vllm", "method=sd", "model.seed=1").model["weights"] != base.model["weights"]
     noisier = _spec("model=tiny", "engine=vllm", "method=sd", "model.noise=0.1")
     assert (noisier.model, noisier.draft_model["weights"] != base.draft_model["weights"]) == (base.model, True)
-    monkeypatch.setattr(tiny, "VLLM_SHAPE", {**tiny.VLLM_SHAPE, "head_dim": 16})
-    assert _spec("model=tiny", "engine=vllm", "method=sd").model["weights"] != base.model["weights"]
+    other = _spec("model=tiny", "engine=vllm", "method=sd", "engine.tiny_shape.head_dim=16")
+    assert other.model["weights"] != base.model["weights"]
 
 
 def test_vllm_identity_of_named_weights_is_the_native_one():
@@ -73,7 +73,7 @@ def test_vllm_identity_of_named_weights_is_the_native_one():
 def test_the_saved_tiny_directories_have_the_shape_the_identity_hashes(tmp_path):
     for d in engine_vllm.tiny_dirs(root=str(tmp_path)):
         config = json.loads((tmp_path / d / "config.json").read_text())
-        assert {k: config[k] for k in tiny.VLLM_SHAPE} == tiny.VLLM_SHAPE
-        shape = tiny.tiny_vllm_config(config["vocab_size"])
+        assert {k: config[k] for k in engine_vllm.TINY_SHAPE} == engine_vllm.TINY_SHAPE
+        shape = tiny.tiny_shaped_config(config["vocab_size"], engine_vllm.TINY_SHAPE)
         assert (shape.num_attention_heads, shape.num_hidden_layers) == \
             (config["num_attention_heads"], config["num_hidden_layers"])

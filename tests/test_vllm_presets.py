@@ -47,8 +47,7 @@ def test_each_pair_validates_on_vllm_and_fits_h100(hydra_ctx, monkeypatch, prese
     variants = [compose("config", overrides=[*base, *entry]) for entry in entries]
     specs = set()
     for v in variants:
-        validate(v)
-        engines.validate(v)
+        engines.validate(v, validate(v))
         assert v.engine.version == "0.32.0" and v.model.device == "cuda" and v.model.dtype == "bf16"
         specs.add(repr(vllm.speculative_config(method_of(v), v.model, v.model.draft)))
     assert len(specs) == held                     # what the preset's sizes were chosen for

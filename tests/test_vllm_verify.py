@@ -214,8 +214,7 @@ def _validate(cfg):
     from mars_bench import engines
     from mars_bench.config.validation import validate
 
-    validate(cfg)
-    engines.validate(cfg)
+    engines.validate(cfg, validate(cfg))
 
 
 def test_engine_vllm_without_vllm_names_the_install_command(monkeypatch):

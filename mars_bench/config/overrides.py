@@ -49,6 +49,19 @@ def _field_types(node=None, prefix: str = "") -> dict:
     return out
 
 
+def _engine_settings(conf) -> dict[str, set[str]]:
+    """engine name -> the settings its YAML (conf/engine/<name>.yaml) declares under ``engine``: its own, beside
+    ``name`` and ``version`` (the schema's); their values are checked by the engine's package."""
+    import yaml
+
+    out = {}
+    for path in conf.glob("engine/*.yaml"):
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        node = data.get("engine") if isinstance(data.get("engine"), dict) else data
+        out[path.stem] = {k for k in node if isinstance(k, str)} | {"name", "version"}
+    return out
+
+
 def check_overrides(argv: list[str], conf_dir: str | None = None) -> None:
     """Command-line overrides that Hydra would refuse with a multi-line error (unparsable text, a value of the
     wrong type, an unknown group option) become one ConfigError line, before Hydra composes anything."""
@@ -60,6 +73,10 @@ def check_overrides(argv: list[str], conf_dir: str | None = None) -> None:
 
     conf = Path(conf_dir) if conf_dir else Path(__file__).resolve().parents[1] / "conf"   # shipped in the package
     parser, types = OverridesParser.create(), _field_types()
+    declared = _engine_settings(conf)
+    types.update({f"engine.{k}": Any for keys in declared.values() for k in keys})
+    chosen = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+") == "engine" and "=" in a]
+    chosen = chosen[-1] if chosen else "native"
     groups = {p.name for p in conf.iterdir() if p.is_dir()}   # config groups: the folders of conf/
     base = OmegaConf.structured(Config)
     for arg in argv:
@@ -81,6 +98,15 @@ def check_overrides(argv: list[str], conf_dir: str | None = None) -> None:
                 if v not in options:
                     raise ConfigError(f"{key}={v!r}; allowed: {', '.join(options)}")
             continue
+        if key.startswith("engine.") and key != "engine.name":   # an engine's own settings: its package checks them
+            setting = key.split(".")[1]
+            if chosen in declared and setting not in declared[chosen]:
+                owners = sorted(n for n, keys in declared.items() if setting in keys)
+                if owners:
+                    raise ConfigError(f"{key} is a setting of engine={' / '.join(owners)}; allowed with "
+                                      f"engine={chosen}: {', '.join(sorted(declared[chosen]))}")
+            elif chosen in declared:
+                continue
         if key not in types:
             if not o.is_add():
                 raise ConfigError(f"unknown setting {key!r} in {arg!r}; allowed: {', '.join(sorted(types))}")

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from mars_bench.decode.rules import RULES
 from mars_bench.stats import StatsSettings
+from mars_bench.store.spec import NATIVE
 from mars_bench.decode.tree.build import TreeSpec
 from mars_bench.decode.types import DEFAULT_K
 
@@ -116,20 +117,11 @@ class StudyConfig:
     timed_max: Optional[int] = None  # most samples timed (null: every sample of the run)
 
 
-@dataclass
-class EngineConfig:
-    """What decodes a job's samples (conf/engine/): native (this package's loop) | vllm (vLLM's offline LLM,
-    mars_bench/engines/vllm/engine.py, docs/vllm.md). The vllm settings are vLLM's own, passed to ``LLM``."""
-    name: str = "native"            # native | one of engines/ (conf/engine/*.yaml): vllm
-    version: Optional[str] = None   # vllm: the installed vLLM's version, filled by engines.validate
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    distributed_executor_backend: Optional[str] = None   # mp | ray | null (vLLM's choice)
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: Optional[int] = None   # requests in flight at once; null = batch_size
-    max_model_len: Optional[int] = None   # null = the model's own context length (CPU: at most 4096)
-    enforce_eager: bool = True      # no CUDA graphs / torch.compile (CPU: required here)
-    kv_cache_gib: float = 1.0       # CPU: GiB of KV cache in all (split among the LLMs a run holds)
+def engine_default() -> dict:
+    """engine: the native loop. Another engine's YAML (conf/engine/<name>.yaml) names it and declares its own
+    settings beside ``name``; the engine's package checks them (``engines.<name>.check``). ``version`` is filled by
+    ``engines.validate`` for an engine other than this package."""
+    return {"name": NATIVE, "version": None}
 
 
 @dataclass
@@ -154,7 +146,7 @@ class Config:
     stats: Any = field(default_factory=lambda: asdict(StatsSettings()))  # intervals and tests: defaults in stats.py
     interleave: Any = field(default_factory=list)  # methods decoded interleaved: a list of override lists (conf/compare/)
     study: StudyConfig = field(default_factory=StudyConfig)   # quality batched + speed timed at B = 1 (off by default)
-    engine: EngineConfig = field(default_factory=EngineConfig)   # conf/engine/: native | vllm
+    engine: Any = field(default_factory=engine_default)   # conf/engine/<name>.yaml: native | vllm | llamacpp
 
 
 def register() -> None:

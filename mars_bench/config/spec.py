@@ -23,9 +23,9 @@ def run_spec(cfg, max_new: int, method, draft_quant, task_prompts: str = "ours")
                 else f"d{m.tree['depth']}-w{m.tree['top_k']}-t{m.tree['total_tokens']}")
     quant = draft_quant
     engine = cfg.engine        # its name checked (engines.validate), its version filled there
-    try:   # the weights the engine runs (vLLM's tiny pair has another shape)
+    try:   # the weights the engine runs (an engine may run the tiny pair in a shape of its own: engine.tiny_shape)
         model, draft_model = pair_identity(cfg.model, uses_draft=s.draft_lm, head=s.head.key if s.head else None,
-                                           engine=engine.name)
+                                           engine=engine.name, tiny_shape=engine.get("tiny_shape"))
     except IdentityError as e:
         raise ConfigError(str(e)) from None
     return RunSpec(scheme=m.name, rule=m.rule if m.speculative else "exact", temperature=float(cfg.temperature),

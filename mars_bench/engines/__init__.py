@@ -53,5 +53,5 @@ def validate(cfg: Any, method) -> None:
 
 
 def models(cfg: Any, methods):
-    """The ``Models`` of a non-native engine (``runner.models_for`` dispatches here)."""
+    """The ``Models`` of a non-native engine (``runner.engine_models`` dispatches here)."""
     return module(cfg.engine.name).Models(cfg, methods)

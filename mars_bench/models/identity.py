@@ -39,14 +39,16 @@ class IdentityError(ValueError):
 
 
 def weights_identity(source: str, ref: str | None, *, seed: int = 0, noise: float | None = None,
-                     full: bool = False, engine: str = "native") -> str | None:
+                     full: bool = False, engine: str = "native", tiny_shape: dict | None = None) -> str | None:
     """The identity of the weights ``ref`` names under ``source`` (tiny | embedded | hf); None for no ``ref``
-    (tiny always has weights). ``noise``: the tiny draft's noise (None for the tiny target). ``engine``: vllm runs
-    the tiny pair in another shape (``tiny.tiny_vllm_config``), hence other weights: ``tiny-vllm:...``."""
+    (tiny always has weights). ``noise``: the tiny draft's noise (None for the tiny target). ``tiny_shape``: the
+    shape an engine runs the tiny pair in (its ``engine.tiny_shape``, e.g. vLLM's), hence other weights:
+    ``tiny-<engine>:...``."""
     if source == "tiny":
-        from mars_bench.models.tiny import tiny_config, tiny_vllm_config
+        from mars_bench.models.tiny import tiny_config, tiny_shaped_config
 
-        name, config = ("tiny-vllm", tiny_vllm_config(1024)) if engine == "vllm" else ("tiny", tiny_config(1024))
+        name, config = ((f"tiny-{engine}", tiny_shaped_config(1024, dict(tiny_shape))) if tiny_shape
+                        else ("tiny", tiny_config(1024)))
         arch = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()[:12]
         return f"{name}:{arch}:seed{int(seed)}" + ("" if noise is None else f":noise{float(noise):g}")
     if ref is None:
@@ -129,18 +131,20 @@ def hub_revision(repo_id: str, revision: str | None = None) -> str:
                             "allowed: a local directory or a Hub id that resolves") from None
 
 
-def pair_identity(mcfg, uses_draft: bool, head: str | None, engine: str = "native") -> tuple[dict, dict | None]:
+def pair_identity(mcfg, uses_draft: bool, head: str | None, engine: str = "native",
+                  tiny_shape: dict | None = None) -> tuple[dict, dict | None]:
     """(target side, draft side) of a model config for a ``RunSpec``. The target side is everything an ar run
     shares with a speculative one (weights, dtype, device, fast path, sharding); the draft side the proposer's
     weights (None for a run with no draft model or head: ar, prompt lookup). ``head``: the model config key naming
     a drafting head's weights (e.g. eagle3), or None. ``engine``: the weights that engine runs
     (``weights_identity``)."""
     source = mcfg.source
-    target = {"weights": weights_identity(source, mcfg.target, seed=mcfg.seed, engine=engine), "dtype": mcfg.dtype,
+    target = {"weights": weights_identity(source, mcfg.target, seed=mcfg.seed, engine=engine, tiny_shape=tiny_shape), "dtype": mcfg.dtype,
               "device": mcfg.device, "fast_path": mcfg.fast_path, "device_map": mcfg.device_map}
     draft = {}
     if uses_draft:
-        draft["weights"] = weights_identity(source, mcfg.draft, seed=mcfg.seed, noise=mcfg.noise, engine=engine)
+        draft["weights"] = weights_identity(source, mcfg.draft, seed=mcfg.seed, noise=mcfg.noise, engine=engine,
+                                             tiny_shape=tiny_shape)
     if head is not None:
         draft[head] = weights_identity("hf", mcfg[head]) if mcfg[head] else None
     return target, (draft or None)

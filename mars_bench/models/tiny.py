@@ -40,13 +40,11 @@ def tiny_config(vocab_size: int, seed_layers: int = 2):
                        pad_token_id=256)
 
 
-VLLM_SHAPE = {"hidden_size": 128, "intermediate_size": 256, "head_dim": 32}   # head size 32: vLLM's CPU attention
-
-
-def tiny_vllm_config(vocab_size: int):
-    """The tiny pair's config in the shape vLLM's CPU attention takes (``VLLM_SHAPE``; engines/vllm.tiny_dirs)."""
+def tiny_shaped_config(vocab_size: int, shape: dict):
+    """The tiny pair's config reshaped by ``shape`` (config attributes, e.g. the head size an engine's attention
+    takes: an engine's ``engine.tiny_shape``, conf/engine/<name>.yaml)."""
     c = tiny_config(vocab_size)
-    for key, value in VLLM_SHAPE.items():
+    for key, value in shape.items():
         setattr(c, key, value)
     return c
 

@@ -334,11 +334,11 @@ def models_for(jobs: list):
     by_engine: dict = {}
     for j in jobs:
         by_engine.setdefault(j.cfg.engine.name, []).append(j)
-    loaded = {name: _engine_models(js[0].cfg, [j.method for j in js]) for name, js in by_engine.items()}
+    loaded = {name: engine_models(js[0].cfg, [j.method for j in js]) for name, js in by_engine.items()}
     return next(iter(loaded.values())) if len(loaded) == 1 else PerEngine(loaded)
 
 
-def _engine_models(cfg, methods: list):
+def engine_models(cfg, methods: list):
     """The loaded models that decode ``methods`` (every method of one engine, loaded once): ``NativeModels`` for the
     native engine, else the engine's own (``engines.models``; same records)."""
     if cfg.engine.name != engines.NATIVE:

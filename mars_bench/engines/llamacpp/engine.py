@@ -114,7 +114,7 @@ class Models:
 
         from mars_bench.store.provenance import machine
 
-        self.cfg, self.version = cfg, check(cfg)
+        self.cfg, self.version = cfg, [check(cfg, m) for m in methods][-1]
         self.tokenizer, self.chat_kwargs, self.eos = tokenizer_of(cfg.model)
         need_draft = any(m.speculative for m in methods)
         target, draft = gguf_paths(cfg.model, need_draft)

@@ -72,24 +72,38 @@ def check(cfg, m) -> str:
     return version
 
 
-def tiny_dirs(seed: int = 0, noise: float = 0.05, root: str | None = None) -> tuple[str, str]:
-    """The tiny pair (models/tiny.py: its tokenizer, seeds and draft noise) in vLLM's shape (``models.tiny.VLLM_SHAPE``; the
+def _yaml_tiny_shape() -> dict:
+    from omegaconf import OmegaConf
+
+    from mars_bench.engines import CONF
+
+    return dict(OmegaConf.load(CONF / "vllm.yaml").engine.tiny_shape)
+
+
+TINY_SHAPE = _yaml_tiny_shape()   # engine.tiny_shape's default, declared once in conf/engine/vllm.yaml
+
+
+def tiny_dirs(seed: int = 0, noise: float = 0.05, root: str | None = None, shape: dict | None = None) -> tuple[str, str]:
+    """The tiny pair (models/tiny.py: its tokenizer, seeds and draft noise) in vLLM's shape (``engine.tiny_shape``, head
+    size 32: vLLM's CPU attention; ``TINY_SHAPE`` when not given; the
     draft without the padded rows), saved once as two HF directories under ``root`` (default: the user cache).
     The native engine loads the same directories with model.source=hf (the parity tests do)."""
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from mars_bench.models.tiny import tiny_tokenizer, tiny_vllm_config
+    from mars_bench.models.tiny import tiny_shaped_config, tiny_tokenizer
 
+    shape = dict(shape or TINY_SHAPE)
     base = Path(root or os.environ.get("MARS_BENCH_CACHE") or Path.home() / ".cache" / "mars-bench")
-    out = base / f"tiny-vllm-s{seed}-n{noise:g}"
+    tag = "" if shape == TINY_SHAPE else "-" + "-".join(f"{k}{v}" for k, v in sorted(shape.items()))
+    out = base / f"tiny-vllm-s{seed}-n{noise:g}{tag}"
     dirs = (str(out / "target"), str(out / "draft"))
     if (out / "draft" / "config.json").is_file():
         return dirs
     tok = tiny_tokenizer()
     torch.manual_seed(seed)
-    target = Qwen2ForCausalLM(tiny_vllm_config(len(tok))).eval()
-    draft = Qwen2ForCausalLM(tiny_vllm_config(len(tok))).eval()
+    target = Qwen2ForCausalLM(tiny_shaped_config(len(tok), shape)).eval()
+    draft = Qwen2ForCausalLM(tiny_shaped_config(len(tok), shape)).eval()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         src = target.state_dict()
@@ -107,9 +121,9 @@ def tiny_dirs(seed: int = 0, noise: float = 0.05, root: str | None = None) -> tu
     return dirs
 
 
-def model_dirs(mcfg) -> tuple[str, str | None]:
+def model_dirs(mcfg, tiny_shape: dict | None = None) -> tuple[str, str | None]:
     if mcfg.source == "tiny":
-        return tiny_dirs(mcfg.seed, mcfg.noise)
+        return tiny_dirs(mcfg.seed, mcfg.noise, shape=tiny_shape)
     from mars_bench.models.pairs import _paths
 
     return _paths(mcfg)
@@ -154,7 +168,7 @@ class Models:
         from mars_bench.store.provenance import machine
 
         self.cfg, self.version = cfg, [check(cfg, m) for m in methods][-1]
-        self.target_dir, self.draft_dir = model_dirs(cfg.model)
+        self.target_dir, self.draft_dir = model_dirs(cfg.model, cfg.engine.get("tiny_shape"))
         self.tokenizer = AutoTokenizer.from_pretrained(self.target_dir)
         self.chat_kwargs = chat_template_kwargs(self.tokenizer, cfg.model.enable_thinking, cfg.model.name)
         self.eos = sorted({self.tokenizer.eos_token_id} - {None})
