@@ -101,14 +101,16 @@ def _once_each(records: dict[str, list[dict]]) -> None:
 
 
 def _tables(results: Path) -> dict[str, list[dict]]:
-    """The report's CSV tables without their timing columns."""
+    """The report's CSV tables without their timing columns, and without the rows of a long table that hold a
+    timing (the paper layout's ``quantity`` = 'speedup (×)' rows)."""
     from mars_bench.cli.report import main
 
     assert main([str(results), "--no-figures"]) == 0
     out = {}
     for path in sorted((results / "report" / "tables").glob("*.csv")):
         with path.open(newline="") as f:
-            out[path.stem] = [{k: v for k, v in row.items() if not TIMING.search(k)} for row in csv.DictReader(f)]
+            out[path.stem] = [{k: v for k, v in row.items() if not TIMING.search(k)} for row in csv.DictReader(f)
+                              if not TIMING.search(row.get("quantity") or "")]
     return out
 
 

@@ -123,6 +123,8 @@ def paper_tables(runs: pd.DataFrame, theta: float = DEFAULT_THETA) -> tuple[Tabl
         t.data = pd.DataFrame(rows)
         out.append(t)
     return out[0], out[1]
+
+
 def timed_on(kinds: dict) -> str:
     """The machine kind(s) a row's tasks were timed on (task -> ``frames.machine_kind``): one kind once; several
     flagged ⚠ with each task's, the speedup mean refused."""
