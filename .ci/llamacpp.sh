@@ -5,10 +5,12 @@
 # build names the AVX-512 families and leaves AMX out; elsewhere GGML_NATIVE=ON. The first build takes 15-25 min on 2
 # busy cores (docs/llamacpp.md), later installs seconds (the wheel is cached below). Idempotent: a finished install
 # leaves $VENV/.llamacpp-installed and reruns return at once.
-# Usage: bash .ci/llamacpp.sh [VENV]   (default .venv)
+# Usage: bash .ci/llamacpp.sh [VENV] [--cached-only]   (default .venv). --cached-only installs the cached wheel and
+# exits 3 (nothing built) where this CPU has none (.ci/run: the build only where CI has room for it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv}"
+CACHED_ONLY="${2:-}"
 PKG="llama-cpp-python==0.3.36"
 STAMP="$VENV/.llamacpp-installed"
 if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then exit 0; fi
@@ -26,6 +28,7 @@ KEY=$(printf '%s\n%s\n%s\n' "$PKG" "$CMAKE_ARGS" "$(grep -m1 -E '^(flags|Feature
 WHEELS="${MARS_BENCH_CACHE:-$HOME/.cache/mars-bench}/wheels/llama-cpp-python-$KEY"
 start=$(date +%s)
 if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  [ "$CACHED_ONLY" = --cached-only ] && exit 3
   rm -rf "$WHEELS.tmp.$$"
   "$VENV/bin/pip" wheel -q --no-cache-dir --no-deps -w "$WHEELS.tmp.$$" "$PKG"
   mv "$WHEELS.tmp.$$" "$WHEELS" 2>/dev/null || rm -rf "$WHEELS.tmp.$$"   # another build finished first: keep it

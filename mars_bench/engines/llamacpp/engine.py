@@ -152,7 +152,7 @@ class Models:
         from mars_bench.tasks import build_messages
 
         task, m = job.task, job.method
-        stopper = Stopper(self.tokenizer, decode_config(job.cfg, job.max_new, self.eos, task.stop_strings))
+        stopper = Stopper(self.tokenizer, decode_config(job.tag, job.max_new, self.eos, task.stop_strings))
         if m.speculative:
             self.runner.set_draft(m.k, m.p_min)
         outputs, turns = [], []
