@@ -2,9 +2,10 @@
 # The llama.cpp engine's binding (docs/llamacpp.md), built from its sdist into the project's virtualenv (it needs
 # only numpy, jinja2, diskcache and typing-extensions beside the project's). On CPUs with AMX (Sapphire Rapids and
 # later) ggml's AMX code crashed on batched evaluations of the real target with GGML_NATIVE=ON (0.3.36): there the
-# build names the AVX-512 families and leaves AMX out; elsewhere GGML_NATIVE=ON. The first build takes 15-25 min on 2
-# busy cores (docs/llamacpp.md), later installs seconds (the wheel is cached below). Idempotent: a finished install
-# leaves $VENV/.llamacpp-installed and reruns return at once.
+# build names the AVX-512 families and leaves AMX out; elsewhere GGML_NATIVE=ON. The first build took 5.4 min on 2
+# quiet AMX cores (22.8 min with the multimodal library and a job beside it, docs/llamacpp.md); later installs take
+# seconds (the wheel is cached below). Idempotent: a finished install leaves $VENV/.llamacpp-installed and reruns
+# return at once.
 # Usage: bash .ci/llamacpp.sh [VENV] [--cached-only]   (default .venv). --cached-only installs the cached wheel and
 # exits 3 (nothing built) where this CPU has none (.ci/run: the build only where CI has room for it).
 set -euo pipefail
