@@ -59,8 +59,9 @@ class Shard:
     what: str
 
 
-def _methods(task: str, timed: int) -> tuple[str, ...]:
-    return ("+experiment=study_methods", f"task={task}", f"study.timed_min={timed}", f"study.timed_max={timed}", *DRAFT)
+def _methods(task: str, timed: int, experiment: str = "study_methods") -> tuple[str, ...]:
+    return (f"+experiment={experiment}", f"task={task}", f"study.timed_min={timed}", f"study.timed_max={timed}",
+            *DRAFT)
 
 
 # est_min: quality + timed minutes (module doc). WMT19: quality 10.8 (the committed run's 30.7 min less its 11.1
@@ -78,6 +79,13 @@ SHARDS: dict[str, Shard] = {
                     "CNN/DM, Spec-Bench's 80 (prompts to 1,372 tokens: the least certain); 4 timed"),
     "trees": Shard((("+experiment=paper_trees", "task=wmt19_zh_en", "limit=16"),), 20,
                    "the T = 1 tree arm, WMT19 segments 1-16, one seed"),
+    # The paper's regime (issue 48): chains at T = 1 with the authors' rule settings (conf/experiment/study_t1.yaml),
+    # seed 0. est_min: the greedy shard's minutes x 1.3 (sd's quality phase is decoded at T = 1, and sampled tau
+    # is lower), not yet measured.
+    "gsm8k_t1": Shard((_methods("gsm8k", 8, "study_t1"),), 1.3 * (8.8 * 121 / 40 + 5.2 * 2),
+                      "GSM8K, the first 121, T = 1 chains (their SPD table), seed 0; 8 timed"),
+    "humaneval_t1": Shard((_methods("humaneval", 8, "study_t1"),), 1.3 * (64 + 8 * 159 * 0.41 / 60),
+                          "HumanEval, all 164, T = 1 chains (their SPD table), seed 0; 8 timed"),
 }
 
 
