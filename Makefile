@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup run test test-slow bench demo reproduce reproduce-full shard park figures clean setup-vllm test-vllm bench-vllm \
+.PHONY: setup run test test-slow bench demo reproduce reproduce-full shard park retime figures clean setup-vllm test-vllm bench-vllm \
 	eagle3-head eagle3-head-tiny setup-llamacpp test-llamacpp
 
 $(STAMP): pyproject.toml
@@ -79,6 +79,11 @@ shard: $(STAMP)
 
 park: $(STAMP)
 	$(BIN)/python -m mars_bench.run.shards park $(SHARD)
+
+# A packed shard's timed phase decoded again on this machine, its quality phase kept (every timed phase of a table
+# on one kind of machine): `make retime SHARD="gsm8k alpaca"`; run it alone (docs/timing.md), then commit the packs.
+retime: $(STAMP)
+	$(BIN)/python -m mars_bench.run.shards retime $(SHARD) $(DIRTY_FLAG)
 
 # Tables (md/csv/tex) and figures (png/pdf) of everything under results/ -> results/report/
 figures: $(STAMP)

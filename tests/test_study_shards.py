@@ -227,3 +227,58 @@ def test_every_shard_command_composes_and_validates(hydra_ctx, name):
             assert cfg.study.timed_min == cfg.study.timed_max and cfg.subset == "paper"
         for entry in cfg.interleave:
             validate(compose("config", overrides=[*args, *entry]))
+
+
+def test_retime_keeps_the_quality_phase_and_decodes_the_timed_phase_again(tmp_path, monkeypatch):
+    """A packed shard re-timed here: its quality runs are the pack's, byte for byte; its timed runs are decoded
+    again (new records, the same samples and tokens); an interrupted retime resumes; a pack without a timed phase,
+    or no pack, is refused in one line with nothing written."""
+    packs = tmp_path / "packs"
+    first = S.run_shard("a", MINI, tmp_path / "runs", packs, cwd=ROOT)
+    before = {}
+    with tarfile.open(first, "r:xz") as tar:
+        for m in tar.getmembers():
+            if m.name.endswith("samples.jsonl"):
+                before[m.name] = tar.extractfile(m).read()
+    kept = shutil.copy(first, tmp_path / "first.tar.xz")
+
+    real = subprocess.run
+    calls = []
+
+    def crash(cmd, **kw):   # the first sitting dies before its command finishes
+        calls.append(cmd)
+        raise subprocess.CalledProcessError(1, cmd)
+
+    monkeypatch.setattr(S.subprocess, "run", crash)
+    with pytest.raises(subprocess.CalledProcessError):
+        S.retime("a", MINI, tmp_path / "runs", packs, cwd=ROOT)
+    tree = tmp_path / "runs" / "a.retime"
+    assert (tree / S.RETIMING).is_file() and first.read_bytes() == Path(kept).read_bytes()   # pack untouched
+    assert {S._phase(d) for d in tree.rglob("*") if (d / "samples.jsonl").is_file()} == {"quality"}
+    monkeypatch.setattr(S.subprocess, "run", real)
+    again = S.retime("a", MINI, tmp_path / "runs", packs, cwd=ROOT)
+    assert again == first and not (tree / S.RETIMING).exists()
+
+    after = {}
+    with tarfile.open(again, "r:xz") as tar:
+        for m in tar.getmembers():
+            if m.name.endswith("samples.jsonl"):
+                after[m.name] = tar.extractfile(m).read()
+    assert set(after) == set(before)
+    phase = {n: json.loads(b.splitlines()[0])["phase"] for n, b in before.items()}
+    assert set(phase.values()) == {"quality", "timed"}
+    for n in before:
+        if phase[n] == "quality":
+            assert after[n] == before[n], n          # kept as packed
+        else:
+            assert after[n] != before[n], n          # decoded again: new wall times
+    assert _contents(again) == _contents(Path(kept))   # the same samples, phases and tokens
+
+    # refusals: no pack; a pack of plain batch-size-1 runs (no timed phase)
+    with pytest.raises(ValueError, match="has no pack"):
+        S.retime("b", MINI, tmp_path / "runs", packs, cwd=ROOT)
+    plain = _rewrite(Path(kept), tmp_path / "plain.tar.xz", phase=None)
+    shutil.copy(plain, S.pack_path("b", packs))
+    with pytest.raises(ValueError, match="has no timed phase"):
+        S.retime("b", MINI, tmp_path / "runs", packs, cwd=ROOT)
+    assert not (tmp_path / "runs" / "b.retime").exists()

@@ -6,6 +6,7 @@ shard has finished), so that the study can be spread over sittings.
     python -m mars_bench.run.shards run NAME [NAME ...] [--allow-dirty] [-- override ...]   # overrides: every command
     python -m mars_bench.run.shards run --all                  # every shard whose pack is not there yet
     python -m mars_bench.run.shards park NAME                  # a stopped shard's records, to resume at another sitting
+    python -m mars_bench.run.shards retime NAME [NAME ...]     # a packed shard's timed phase decoded again here
     python -m mars_bench.run.shards check-clean [--allow-dirty]  # refuse a run from a tree with uncommitted changes
 
 Resuming: rerunning a shard reruns its commands in the same results tree, and every run resumes (finished
@@ -162,6 +163,67 @@ def park(name: str, runs: Path = RUNS, parts: Path = PARTS, packs: Path = PACKS)
     return out
 
 
+RETIMING = "RETIMING"   # marker in a retime's tree: what it re-times (a rerun resumes it)
+
+
+def _phase(run_dir: Path) -> str | None:
+    """The phase a run directory's records name (a study's 'quality' or 'timed'; None: a plain run)."""
+    from mars_bench.store.io import read_samples
+
+    recs = read_samples(run_dir / "samples.jsonl")[0]
+    return recs[0].get("phase") if recs else None
+
+
+def retime(name: str, shards: dict[str, Shard] | None = None, runs: Path = RUNS, packs: Path = PACKS,
+           extra: tuple[str, ...] = (), cwd: Path | None = None) -> Path:
+    """Decode a packed shard's timed phase again on this machine and replace its pack: the quality phase's runs
+    are kept as packed (their samples are done, so the shard's commands resume past them), the timed phase's run
+    directories are left out and decoded anew (its samples, sizes and order are the shard's: ``timed_min`` =
+    ``timed_max``). For putting every timed phase of a table on one kind of machine, or re-timing a phase timed
+    beside other work. Runs in ``runs/<name>.retime``; an interrupted retime resumes there; the pack is replaced
+    only when the commands finish (the old one stays in git's history). The records then name two commits and
+    machines, one per phase, and the report says so (``report.study.phase_commit_notes``; Table 8's 'timed on').
+    ValueError (nothing written) for a shard without a pack or without a timed phase (a plain batch-size-1 run:
+    rerun it with ``run`` in a fresh tree)."""
+    from mars_bench.store.pack import pack, unpacked
+    from mars_bench.store.read import find_run_dirs
+
+    shards = SHARDS if shards is None else shards
+    if name not in shards:
+        raise ValueError(f"shard {name!r}; allowed: {', '.join(shards)}")
+    out = pack_path(name, packs)
+    if not out.is_file():
+        raise ValueError(f"shard {name!r} has no pack ({out}); allowed: a packed shard (`run {name}` writes it)")
+    tree = Path(runs) / f"{name}.retime"
+    if (tree / RETIMING).is_file():
+        print(f"shards: {name}: resuming the retime in {tree}", file=sys.stderr)
+    else:
+        with unpacked(out) as root:
+            dirs = find_run_dirs(root)
+            timed = [d for d in dirs if _phase(d) == "timed"]
+            if not timed:
+                raise ValueError(f"shard {name}'s pack {out} has no timed phase (its runs are plain batch-size-1 "
+                                 f"runs); allowed: a study's shard (one of "
+                                 f"{', '.join(n for n in shards if n != name)}), or `run` it again in a fresh tree")
+            staging = tree.with_name(tree.name + ".staging")   # the tree is written whole or not at all
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.copytree(root, staging)
+            for d in timed:
+                shutil.rmtree(staging / d.relative_to(root))
+            (staging / RETIMING).write_text(f"{out}: timed phase re-timed; {len(timed)} timed runs left out\n")
+        shutil.rmtree(tree, ignore_errors=True)
+        staging.replace(tree)
+        print(f"shards: {name}: re-timing {len(timed)} timed runs of {out} in {tree}", file=sys.stderr)
+    for args in shards[name].commands:
+        cmd = [sys.executable, "-m", "mars_bench.cli", *args, *extra, f"results_dir={tree}"]
+        print(f"shards: {name}: {' '.join(cmd[2:])}", file=sys.stderr)
+        subprocess.run(cmd, check=True, cwd=cwd)
+    members = pack(tree, out)
+    (tree / RETIMING).unlink()
+    print(f"shards: {name}: re-timed; packed {len(members)} files to {out} (commit it)", file=sys.stderr)
+    return out
+
+
 def _has_samples(tree: Path) -> bool:
     return tree.is_dir() and any(tree.rglob("samples.jsonl"))
 
@@ -272,6 +334,12 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--runs", default=str(RUNS), help=f"results trees (default {RUNS})")
     k.add_argument("--parts", default=str(PARTS), help=f"parked shards (default {PARTS})")
     k.add_argument("--packs", default=str(PACKS), help=f"packs (default {PACKS})")
+    t = sub.add_parser("retime", help="decode packed shards' timed phases again here, then repack each")
+    t.add_argument("names", nargs="+")
+    t.set_defaults(all=False)
+    t.add_argument("--allow-dirty", action="store_true", help="run from a tree with uncommitted changes")
+    t.add_argument("--runs", default=str(RUNS), help=f"results trees (default {RUNS})")
+    t.add_argument("--packs", default=str(PACKS), help=f"packs (default {PACKS})")
     c = sub.add_parser("check-clean", help="exit 2 when the tree has uncommitted changes")
     c.add_argument("--allow-dirty", action="store_true")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -292,9 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         names = list(SHARDS) if args.all else args.names
         unknown = [n for n in names if n not in SHARDS]
         if not names or unknown:
-            raise ValueError(f"shard {unknown[0] if unknown else 'none'!r}; allowed: --all or one or more of "
-                             f"{', '.join(SHARDS)}")
+            raise ValueError(f"shard {unknown[0] if unknown else 'none'!r}; allowed: "
+                             f"{'' if args.cmd == 'retime' else '--all or '}one or more of {', '.join(SHARDS)}")
         for name in names:
+            if args.cmd == "retime":
+                retime(name, runs=Path(args.runs), packs=Path(args.packs), extra=extra)
+                continue
             run_shard(name, runs=Path(args.runs), packs=Path(args.packs), extra=extra, parts=Path(args.parts),
                       allow_mixed=args.allow_mixed)
     except (ValueError, DirtyTree, PartMismatch) as e:
