@@ -192,7 +192,8 @@ def test_a_dirty_tree_is_refused_unless_allowed(monkeypatch, capsys):
 def test_every_shard_fits_two_hours_on_the_machine_that_timed_the_study():
     assert set(S.SHARDS) == {"wmt19", "gsm8k", "humaneval", "mt_bench", "alpaca", "cnn_dm", "trees",
                              "gsm8k_t1", "humaneval_t1"}
-    assert all(0 < s.est_min <= 120 for s in S.SHARDS.values())
+    # the T = 1 shards take longer than a sitting (measured: shards.py), the greedy ones fit one
+    assert all(0 < s.est_min <= (300 if n.endswith("_t1") else 120) for n, s in S.SHARDS.items())
     for s in S.SHARDS.values():   # a fixed timed size: which samples are timed never depends on an interruption
         for args in s.commands:
             opts = dict(a.split("=", 1) for a in args if "=" in a)
@@ -229,6 +230,11 @@ def test_every_shard_command_composes_and_validates(hydra_ctx, name):
             validate(compose("config", overrides=[*args, *entry]))
 
 
+def _files(pack: Path) -> dict:
+    with tarfile.open(pack, "r:xz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
 def test_retime_keeps_the_quality_phase_and_decodes_the_timed_phase_again(tmp_path, monkeypatch):
     """A packed shard re-timed here: its quality runs are the pack's, byte for byte; its timed runs are decoded
     again (new records, the same samples and tokens); an interrupted retime resumes; a pack without a timed phase,
@@ -259,17 +265,20 @@ def test_retime_keeps_the_quality_phase_and_decodes_the_timed_phase_again(tmp_pa
     again = S.retime("a", MINI, tmp_path / "runs", packs, cwd=ROOT)
     assert again == first and not (tree / S.RETIMING).exists()
 
-    after = {}
+    after, files_before, files_after = {}, _files(Path(kept)), _files(again)
     with tarfile.open(again, "r:xz") as tar:
         for m in tar.getmembers():
             if m.name.endswith("samples.jsonl"):
                 after[m.name] = tar.extractfile(m).read()
-    assert set(after) == set(before)
+    assert set(after) == set(before) and set(files_after) == set(files_before)
     phase = {n: json.loads(b.splitlines()[0])["phase"] for n, b in before.items()}
     assert set(phase.values()) == {"quality", "timed"}
     for n in before:
         if phase[n] == "quality":
-            assert after[n] == before[n], n          # kept as packed
+            assert after[n] == before[n], n          # kept as packed: every file of the run, its summary too
+            run = str(Path(n).parent)
+            assert {k: v for k, v in files_after.items() if k.startswith(run)} == \
+                {k: v for k, v in files_before.items() if k.startswith(run)}
         else:
             assert after[n] != before[n], n          # decoded again: new wall times
     assert _contents(again) == _contents(Path(kept))   # the same samples, phases and tokens
@@ -282,3 +291,23 @@ def test_retime_keeps_the_quality_phase_and_decodes_the_timed_phase_again(tmp_pa
     with pytest.raises(ValueError, match="has no timed phase"):
         S.retime("b", MINI, tmp_path / "runs", packs, cwd=ROOT)
     assert not (tmp_path / "runs" / "b.retime").exists()
+
+
+def test_a_pack_written_into_the_checkout_leaves_the_commit_clean(tmp_path):
+    """A shard's pack (under results/) written by an earlier shard of the same command does not make the next
+    shard's records say '+dirty'; a change to code does."""
+    from mars_bench.store import provenance as P
+
+    git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
+    git("init", "-q")
+    (tmp_path / "results" / "study").mkdir(parents=True)
+    (tmp_path / "results" / "study" / "a.tar.xz").write_bytes(b"old")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "c")
+    head = P.git_commit(tmp_path)
+    assert len(head) == 40 and not head.endswith("+dirty")
+    (tmp_path / "results" / "study" / "a.tar.xz").write_bytes(b"new pack")
+    assert P.git_commit(tmp_path) == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert P.git_commit(tmp_path) == head + "+dirty"

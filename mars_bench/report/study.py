@@ -133,7 +133,8 @@ def timed_budget_note(timed) -> str | None:
 def contention_notes(timed) -> tuple[list[str], list[str]]:
     """(flagged, plain) notes on how a timed run was timed: its samples timed under contention (counted and named;
     left out of every speedup, ``metrics.speed_pairs``), or that its records do not say (written before contention
-    was measured: its speedups may include samples timed on a busy machine); and the machine kind it ran on."""
+    was measured: its speedups may include samples timed on a busy machine), or that none was flagged; and the
+    machine kind it ran on."""
     kind = [f"timed phase on {val(timed, 'machine_kind')}"] if val(timed, "machine_kind") else []
     seen, k = val(timed, "contention"), val(timed, "n_contended")
     if seen == "not recorded":
@@ -145,6 +146,8 @@ def contention_notes(timed) -> tuple[list[str], list[str]]:
     if k:
         return [f"{timed['tag']} timed phase: {k} of {val(timed, 'n')} samples timed under contention "
                 f"(docs/timing.md), left out of its speedups: {val(timed, 'contended')}"], kind
+    if seen == "recorded":
+        kind.append("contention recorded on every timed sample, none flagged (docs/timing.md)")
     return [], kind
 
 

@@ -81,11 +81,13 @@ SHARDS: dict[str, Shard] = {
     "trees": Shard((("+experiment=paper_trees", "task=wmt19_zh_en", "limit=16"),), 20,
                    "the T = 1 tree arm, WMT19 segments 1-16, one seed"),
     # The paper's regime (issue 48): chains at T = 1 with the authors' rule settings (conf/experiment/study_t1.yaml),
-    # seed 0. est_min: the greedy shard's minutes x 1.3 (sd's quality phase is decoded at T = 1, and sampled tau
-    # is lower), not yet measured.
-    "gsm8k_t1": Shard((_methods("gsm8k", 8, "study_t1"),), 1.3 * (8.8 * 121 / 40 + 5.2 * 2),
+    # seed 0; longer than a sitting, so parked and resumed (`park`). est_min: gsm8k_t1's quality phase decoded ar's
+    # first 77 samples at 26 s each at 16 rows on the AMX machine (longer outputs and a lower tau than greedy), so
+    # 363 samples (sd is decoded too at T = 1) ~157 min, plus 8 timed x 3 methods at ~2.5x the greedy timed phase;
+    # humaneval_t1 scaled from it by its sample count (not measured).
+    "gsm8k_t1": Shard((_methods("gsm8k", 8, "study_t1"),), 363 * 26 / 60 + 2.5 * 5.2 * 2,
                       "GSM8K, the first 121, T = 1 chains (their SPD table), seed 0; 8 timed"),
-    "humaneval_t1": Shard((_methods("humaneval", 8, "study_t1"),), 1.3 * (64 + 8 * 159 * 0.41 / 60),
+    "humaneval_t1": Shard((_methods("humaneval", 8, "study_t1"),), (363 * 26 / 60 + 2.5 * 5.2 * 2) * 164 / 121,
                           "HumanEval, all 164, T = 1 chains (their SPD table), seed 0; 8 timed"),
 }
 
@@ -218,10 +220,32 @@ def retime(name: str, shards: dict[str, Shard] | None = None, runs: Path = RUNS,
         cmd = [sys.executable, "-m", "mars_bench.cli", *args, *extra, f"results_dir={tree}"]
         print(f"shards: {name}: {' '.join(cmd[2:])}", file=sys.stderr)
         subprocess.run(cmd, check=True, cwd=cwd)
+    keep_quality(out, tree)
     members = pack(tree, out)
     (tree / RETIMING).unlink()
     print(f"shards: {name}: re-timed; packed {len(members)} files to {out} (commit it)", file=sys.stderr)
     return out
+
+
+def keep_quality(old: Path, tree: Path) -> None:
+    """Put back, in a retime's ``tree``, every file of the runs ``old`` (the pack being re-timed) holds outside its
+    timed phase, as packed: resuming past their finished samples rewrote their summary.json with this process's
+    manifest, which would name this commit as theirs. RuntimeError when such a run's samples differ from the pack's
+    (the resume decoded something: not a retime's)."""
+    from mars_bench.store.pack import RUN_FILES, unpacked
+    from mars_bench.store.read import find_run_dirs
+
+    with unpacked(old) as root:
+        for d in find_run_dirs(root):
+            if _phase(d) == "timed":
+                continue
+            here = Path(tree) / d.relative_to(root)
+            if (here / "samples.jsonl").read_bytes() != (d / "samples.jsonl").read_bytes():
+                raise RuntimeError(f"{here}: its samples differ from {old}'s after the retime; a retime keeps the "
+                                   "quality phase as packed")
+            for name in RUN_FILES:
+                if (d / name).is_file():
+                    shutil.copyfile(d / name, here / name)
 
 
 def _has_samples(tree: Path) -> bool:

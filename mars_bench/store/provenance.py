@@ -19,12 +19,19 @@ DECODING = ("mars_bench", "tasks", "hydra_plugins", "pyproject.toml", ":(exclude
             ":(exclude)mars_bench/shards.py")
 
 
-def git_commit() -> str:
+OUTPUTS = "results"   # what runs write into the checkout (packs, parts): not code, so never '+dirty'
+
+
+def git_commit(root: Path | None = None) -> str:
+    """HEAD of the checkout, '+dirty' when a tracked file outside ``OUTPUTS`` has uncommitted changes (a shard's
+    pack written by an earlier shard of the same command does not change the code the next one decodes with);
+    'unknown' without git."""
     try:
-        root = ROOT
+        root = ROOT if root is None else root
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                f":(exclude){OUTPUTS}"], cwd=root, capture_output=True, text=True,
+                               timeout=5).stdout.strip()
         return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
