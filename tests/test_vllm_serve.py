@@ -60,12 +60,14 @@ def test_engine_arguments_become_server_flags():
 def test_bad_serve_settings_are_refused_in_one_line():
     from types import SimpleNamespace as S
 
-    serve.check(S(serve=True, serve_port=None, serve_start_s=60))
+    from mars_bench.engines.vllm.engine import check_serve
+
+    check_serve(S(serve=True, serve_port=None, serve_start_s=60))
     for bad, what in (({"serve": "yes"}, r"engine.serve='yes'; allowed: true, false"),
                       ({"serve_port": 70000}, r"engine.serve_port=70000; allowed: null"),
                       ({"serve_start_s": 0}, r"engine.serve_start_s=0; allowed: a number > 0")):
         with pytest.raises(ValueError, match="^" + what):
-            serve.check(S(**{"serve": True, "serve_port": None, "serve_start_s": 60, **bad}))
+            check_serve(S(**{"serve": True, "serve_port": None, "serve_start_s": 60, **bad}))
 
 
 def test_the_metrics_parser_reads_vllms_spec_decode_counters():
@@ -110,8 +112,9 @@ def decode(models, job, todo=None) -> None:
         job.writer.close()
 
 
-def served_context(tmp, base=SERVED):
-    """(models, run): the served ``Models`` of ``base``'s pair (two servers: ar; sd and mars) and ``run(name,
+def served_context(tmp, base=SERVED, methods=("ar", "sd")):
+    """(models, run): the served ``Models`` of ``base``'s pair (a server per drafting setup of ``methods``: ar; sd and
+    mars) and ``run(name,
     *overrides)``, which decodes a job through the runner's writer once per name and returns its records
     (samples.jsonl) by sample id. tests/test_vllm_serve_embedded.py uses it too."""
     from mars_bench.config.settings import method_of
@@ -120,8 +123,8 @@ def served_context(tmp, base=SERVED):
 
     from .test_vllm_engine import cfg_of
 
-    held = [method_of(cfg_of(tmp, f"method={m}", base=base)) for m in ("ar", "sd")]
-    models = engine_models(cfg_of(tmp, "method=sd", base=base), held)
+    held = [method_of(cfg_of(tmp, f"method={m}", base=base)) for m in methods]
+    models = engine_models(cfg_of(tmp, f"method={methods[-1]}", base=base), held)
     runs = {}
 
     def run(name, *overrides):
@@ -143,9 +146,10 @@ def ctx(tmp_path_factory):
     models.close()
 
 
-def check_served_parity(run, sizes=(1, 4)) -> None:
-    """Served sd with ``exact`` decodes ar's tokens at each concurrency, and mars at theta 1 sd's."""
-    ar = run("ar", "method=ar", "batch_size=1")
+def check_served_parity(run, sizes=(1, 4), ar=None) -> None:
+    """Served sd with ``exact`` decodes ar's tokens (``ar``: its records; default: served here) at each concurrency,
+    and mars at theta 1 sd's."""
+    ar = ar if ar is not None else run("ar", "method=ar", "batch_size=1")
     for c in sizes:
         sd = run(f"sd{c}", "method=sd", f"batch_size={c}")
         assert tokens(sd) == tokens(ar), c

@@ -4,7 +4,7 @@ Markers ``vllm`` and ``slow``: the vllm tier of .ci/run and ``make test-vllm`` (
 run it with
     OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind .venv-vllm/bin/python -m pytest -m "vllm and slow" \\
         tests/test_vllm_serve_embedded.py
-Two servers at once (ar; sd and mars), ~10 GB of memory.
+One server at a time (ar's, stopped before sd's and mars'), ~5 GB of memory each.
 """
 import pytest
 import torch
@@ -21,17 +21,22 @@ SERVED = (*EMBEDDED, "engine.serve=true", f"batch_size={N}")
 
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory):
-    models, run = served_context(tmp_path_factory.mktemp("runs"), base=SERVED)
-    yield models, run
+    """(models, run, ar records): ar served first by a server of its own, then the sd / mars server."""
+    tmp = tmp_path_factory.mktemp("runs")
+    models, run = served_context(tmp, base=SERVED, methods=("ar",))
+    ar = run("ar", "method=ar", "batch_size=1")
+    models.close()
+    models, run = served_context(tmp, base=SERVED, methods=("sd",))
+    yield models, run, ar
     models.close()
 
 
 def test_embedded_served_exact_is_ar_and_mars_theta1_is_exact(ctx):
-    check_served_parity(ctx[1], sizes=(1, N))
+    check_served_parity(ctx[1], sizes=(1, N), ar=ctx[2])
 
 
 def test_embedded_served_mars_relaxations_replay(ctx):
-    models, run = ctx
+    models, run, _ = ctx
     sd, mars = run(f"sd{N}", "method=sd", f"batch_size={N}"), run("mars0.9", "method=mars", "rule.theta=0.9",
                                                                  f"batch_size={N}")
     assert tau(mars) >= tau(sd)

@@ -90,7 +90,8 @@ def rows(runs: list[dict]) -> pd.DataFrame:
                "exact_run": ref.dir_name if ref else None,
                "settings": f"T {s.temperature:g}, top-p {s.top_p:g}, k {s.k}, max new tokens {s.max_new_tokens}",
                "theta": s.settings.get("theta"), "concurrency": s.batch_size, "n": len(recs),
-               "tokens": int(sum(t["new_tokens"] for t in turns)), "wall_s": float(sum(c["wall_s"] for c in run["calls"])),
+               "tokens": int(sum(t["new_tokens"] for t in turns)),
+               "wall_s": float(sum(c["wall_s"] for c in run["calls"])),
                "quality": _quality(run["summary"]), "quality_vs_exact": _vs_exact(run["summary"]),
                "dir": str(run["dir"]),
                "outputs": {r["id"]: [t["output_ids"] for t in r["turns"]] for r in recs}}
@@ -161,7 +162,8 @@ def render(df: pd.DataFrame) -> str:
             "output tokens/s": g["tokens_per_s"].map(_num), "x exact": g["vs_exact"].map(_num),
             f"accepted at position 1-{k} (records)": [" / ".join(_num(x) for x in p) for p in g["positions"]],
             "(/metrics)": [" / ".join(_num(x) for x in p) for p in g["positions_metrics"]],
-            "relaxed": g["relaxed"], "identical to exact": g["identical_to_exact"].map(lambda x: "-" if pd.isna(x) else x),
+            "relaxed": g["relaxed"],
+            "identical to exact": g["identical_to_exact"].map(lambda x: "-" if pd.isna(x) else x),
             "quality (exact at the same concurrency; paired Δ [95% CI], p)": [
                 _quality_text(q, b, d) for q, b, d in zip(g["quality"], g["exact_quality"], g["quality_vs_exact"])]})
         lat = pd.DataFrame({"concurrency": g["concurrency"], "rule": [rule(r) for _, r in g.iterrows()],

@@ -7,8 +7,9 @@ counts from the final usage chunk (``metrics.speculative_decoding``: the server 
 ``--per-request-spec-decode-metrics detailed``). From the chunks: TTFT (send to the first token), the inter-token
 latencies (ITL: gaps between successive token-bearing chunks; with speculative decoding one chunk carries the tokens
 of one verification step), the end-to-end latency and TPOT ((latency - TTFT) / (tokens - 1)), as ``vllm bench serve``
-defines them. ``client`` arguments are ``httpx.AsyncClient``s (httpx comes with vLLM). ``scrape`` reads the server's Prometheus ``/metrics`` (the speculative-decoding counters, per draft
-position) so that a caller can take deltas around a batch of requests.
+defines them. ``client`` arguments are ``httpx.AsyncClient``s (httpx comes with vLLM). ``scrape`` reads the server's
+Prometheus ``/metrics`` (the speculative-decoding counters, per draft position) so that a caller can take deltas
+around a batch of requests.
 """
 from __future__ import annotations
 

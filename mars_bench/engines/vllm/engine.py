@@ -69,10 +69,19 @@ def check(cfg, m) -> str:
                          "saved); allowed: none / 0")
     if cfg.model.source == "tiny" and cfg.model.dtype != "fp32":
         raise ValueError(f"model.dtype={cfg.model.dtype} with model=tiny on engine=vllm; allowed: fp32")
-    from mars_bench.engines.vllm.serve import check as check_serve
-
     check_serve(e)
     return version
+
+
+def check_serve(e) -> None:
+    """engine.serve / serve_port / serve_start_s (``serve.py``), refused in one line (ValueError)."""
+    if not isinstance(e.serve, bool):
+        raise ValueError(f"engine.serve={e.serve!r}; allowed: true, false")
+    port = e.serve_port
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
+        raise ValueError(f"engine.serve_port={port!r}; allowed: null (a free port) or an integer in [1, 65535]")
+    if isinstance(e.serve_start_s, bool) or not isinstance(e.serve_start_s, (int, float)) or e.serve_start_s <= 0:
+        raise ValueError(f"engine.serve_start_s={e.serve_start_s!r}; allowed: a number > 0")
 
 
 def _yaml_tiny_shape() -> dict:

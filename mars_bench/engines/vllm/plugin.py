@@ -5,7 +5,8 @@ vLLM calls ``register`` in every process it starts. It does nothing unless the h
 an installed mars-bench never changes a user's other vLLM runs. When active it patches vLLM's verification
 (``vllm_compat.install``) so that requests carrying the harness's flat ``SamplingParams.extra_args``
 (``verify.request_args``: ``mars_bench_rule``, ``mars_bench_key``, one ``mars_bench_<knob>`` per setting; from
-``vllm serve`` they come as the request's ``vllm_xargs``) are verified by this project's rule registry (``verify.py``) from the raw target logits, and
+``vllm serve`` they come as the request's ``vllm_xargs``) are verified by this project's rule registry
+(``verify.py``) from the raw target logits, and
 every step's audit of those requests (output tokens before the step, drafts proposed / accepted, z1 / z2,
 relaxed acceptances) is appended to ``$MARS_BENCH_VLLM_AUDIT/<pid>.jsonl`` as one JSON line per request and step,
 by tensor-parallel rank 0 only (``vllm_compat.writes_audit``). Rule ``exact`` is observed only: no input of vLLM's

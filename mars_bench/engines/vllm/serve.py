@@ -43,17 +43,6 @@ STOP_S = 30           # a server's grace after SIGINT before SIGKILL
 CALLS = "calls.jsonl"
 
 
-def check(e) -> None:
-    """engine.serve / serve_port / serve_start_s, refused in one line (ValueError)."""
-    if not isinstance(e.serve, bool):
-        raise ValueError(f"engine.serve={e.serve!r}; allowed: true, false")
-    port = e.serve_port
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
-        raise ValueError(f"engine.serve_port={port!r}; allowed: null (a free port) or an integer in [1, 65535]")
-    if isinstance(e.serve_start_s, bool) or not isinstance(e.serve_start_s, (int, float)) or e.serve_start_s <= 0:
-        raise ValueError(f"engine.serve_start_s={e.serve_start_s!r}; allowed: a number > 0")
-
-
 def server_flags(kwargs: dict) -> list[str]:
     """``LLM`` keyword arguments as ``vllm serve`` flags: the model first, then ``--name value`` (objects as JSON,
     lists as several values, true as ``--name``, false as ``--no-name``); None and ``disable_log_stats`` (the server
@@ -195,9 +184,10 @@ class ServedModels(Models):
             import httpx
 
             async with httpx.AsyncClient() as http:
-                return await asyncio.gather(*(client.complete(http, server.url, self.request(job, p, s, k, rule, max_new))
+                return await asyncio.gather(*(client.complete(http, server.url,
+                                                              self.request(job, p, s, k, rule, max_new))
                                               for p, s, k in zip(prompts, seeds, keys)))
-        replies = asyncio.run(go())
+        replies = self._run(server, go())
         audit = read_audit(self.audit_dir)
         return [r.token_ids for r in replies], [audit.get(k, []) for k in keys]
 
@@ -221,10 +211,23 @@ class ServedModels(Models):
                 await client.run_all((lambda item=item: self._sample(http, server, job, *item, done) for item in items),
                                      job.tag.batch_size)
                 after = await client.scrape(http, server.url)
-        asyncio.run(go())
+        self._run(server, go())
         wall = time.perf_counter() - t0
         audit = read_audit(self.audit_dir)
         self._write(job, done, audit, wall, order, write, client.metrics_delta(before, after))
+
+    @staticmethod
+    def _run(server: Server, coroutine):
+        """``coroutine`` to its end; the server failing under it (a dropped connection, a timeout) is one line naming
+        its log."""
+        import httpx
+
+        try:
+            return asyncio.run(coroutine)
+        except httpx.HTTPError as e:
+            what = " ".join(str(e).split())[:200]
+            raise ConfigError(f"vllm serve at {server.url} failed: {type(e).__name__}: {what}; its log: "
+                              f"{server.tail()} ({server.log_path})") from e
 
     async def _sample(self, http, server, job, index: int, sample, done: list) -> None:
         from mars_bench.store.recordbuild import sample_seed
@@ -234,8 +237,8 @@ class ServedModels(Models):
         for t in range(len(sample.turns)):
             prompt = self.prompt_ids(build_messages(job.task, sample, outputs, t))
             key = self.key()
-            reply = await client.complete(http, server.url, self.request(job, prompt, sample_seed(job.cfg.seed, index, t),
-                                                                          key))
+            seed = sample_seed(job.cfg.seed, index, t)
+            reply = await client.complete(http, server.url, self.request(job, prompt, seed, key))
             outputs.append(self.tokenizer.decode(reply.token_ids, skip_special_tokens=True))
             turns.append((prompt, reply, key, outputs[-1]))
         done.append((index, sample, turns, outputs))
@@ -257,6 +260,8 @@ class ServedModels(Models):
                 recs.append({**rec, **reply.timing(), "call": call})
             write(sample, sample_record(job, sample, index, recs, job.task.score(sample, outputs), self.kernel, order,
                                         self.machine))
+        if not done:     # every sample was another process's
+            return
         job.run_dir.mkdir(parents=True, exist_ok=True)
         server = self.llm(job.method)
         atomic_write_json(job.run_dir / "serve.json", {"vllm": self.version, "runner": self.runner,
