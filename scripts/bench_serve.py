@@ -23,15 +23,18 @@ from mars_bench.report import serving
 from mars_bench.run.bench import fresh_runs_dir, run_compare
 
 
-def pair_overrides(pair: str) -> list[str]:
-    """The model overrides of a pair: the tiny pair in vLLM's shape, or the embedded default pair (bf16: fp32 needs
-    ~17 GB beside other jobs)."""
-    return ["model=tiny"] if pair == "tiny" else ["model.dtype=bf16"]
+def pair_overrides(pair: str, dtype: str) -> list[str]:
+    """The model overrides of a pair: the tiny pair in vLLM's shape (fp32), or the embedded default pair in ``dtype``
+    (vLLM loads the draft as saved: no draft quantization)."""
+    return ["model=tiny"] if pair == "tiny" else [f"model.dtype={dtype}"]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", choices=("tiny", "embedded"), default="tiny")
+    ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
+                    help="the embedded pair's (bf16: fast with AMX / AVX-512 BF16; on AVX2 vLLM's bf16 linears fall "
+                         "back to slow torch ops, docs/vllm.md)")
     ap.add_argument("--task", default="gsm8k", help="a task with a quality metric (gsm8k, humaneval, wmt19_zh_en, ...)")
     ap.add_argument("--limit", type=int, default=16, help="prompts (>= the largest concurrency fills it)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -56,7 +59,7 @@ def main():
     if not args.tables_only:
         fresh_runs_dir(runs)
         common = ["engine=vllm", "engine.serve=true", f"limit={args.limit}",
-                  f"max_new_tokens={args.max_new_tokens}", "progress=false", *pair_overrides(args.pair),
+                  f"max_new_tokens={args.max_new_tokens}", "progress=false", *pair_overrides(args.pair, args.dtype),
                   *args.overrides]
         for c in sizes:
             run_compare("serve", args.task, runs / f"c{c}", [*common, f"batch_size={c}"], args.threads)

@@ -279,3 +279,21 @@ def test_the_serving_report_reads_the_served_runs(ctx, tmp_path):
     assert "| 4 " in md and "mars 0.9" in md and "TTFT p99 (ms)" in md
     assert figs and all(p.is_file() for p in figs)
     assert serving.render(serving.rows([])).startswith("No served runs")
+
+
+@pytest.mark.vllm
+def test_served_records_equal_the_offline_engines(ctx, tmp_path):
+    """Concurrency 1, greedy: the served sd and mars theta 0.9 records are the offline engine's at B = 1 (same tokens,
+    per-step drafts proposed / accepted, outcome and audited relaxations): only the transport differs."""
+    from .test_vllm_engine import context
+
+    _, served = ctx
+    offline_models, offline = context(tmp_path)
+    for name, overrides in (("sd", ("method=sd",)), ("mars0.9", ("method=mars", "rule.theta=0.9"))):
+        a = served(f"{name}-c1", *overrides, "batch_size=1")
+        b = offline(name, *overrides)
+        assert a.keys() == b.keys()
+        for i in a:
+            x, y = a[i]["turns"][0], b[i]["turns"][0]
+            for key in ("output_ids", "proposed", "accepted", "outcome", "relaxed", "stop_reason"):
+                assert x[key] == y[key], (name, i, key)

@@ -74,12 +74,12 @@ class Server:
     """One ``vllm serve`` process: ``start`` waits until ``/health`` answers (or refuses in one line with the tail
     of its log), ``stop`` ends its process group."""
 
-    def __init__(self, flags: list, env: dict, port: int, start_s: float, log_dir: str):
+    def __init__(self, flags: list, env: dict, port: int, start_s: float, log_dir: str, unset: tuple = ()):
         self.port, self.start_s = port, float(start_s)
         self.url = f"http://127.0.0.1:{port}"
         self.cmd = [sys.executable, "-c", compat.SERVE_LAUNCH, "serve", *flags, "--host", "127.0.0.1",
                     "--port", str(port), "--served-model-name", SERVED_NAME, "--generation-config", "vllm"]
-        self.env = env
+        self.env, self.unset = env, unset     # unset: variables of this process the server must not see
         self.log_path = Path(log_dir) / f"vllm-serve-{port}.log"
         self.proc = None
 
@@ -88,7 +88,8 @@ class Server:
 
         log.info("vllm serve %s (log %s)", " ".join(self.cmd[4:]), self.log_path)
         with self.log_path.open("w") as out:
-            self.proc = subprocess.Popen(self.cmd, env={**os.environ, **self.env}, stdout=out,
+            env = {k: v for k, v in {**os.environ, **self.env}.items() if k not in self.unset}
+            self.proc = subprocess.Popen(self.cmd, env=env, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         self._finalizer = weakref.finalize(self, _stop, self.proc)
         deadline = time.monotonic() + self.start_s
@@ -154,7 +155,8 @@ class ServedModels(Models):
             env = plugin_env(self.cfg, self.audit_dir, self.runner)
             flags = server_flags(engine_kwargs(self.cfg, self.target_dir, self.specs[key], self.share, self.runner))
             port = int(e.serve_port) + len(self.llms) if e.serve_port else free_port()
-            self.llms[key] = Server(flags, env, port, e.serve_start_s, self.log_dir).start()
+            unset = (compat.RUNNER_ENV,) if self.runner == compat.V2 else ()   # V2: vLLM's default (0.34 refuses 0)
+            self.llms[key] = Server(flags, env, port, e.serve_start_s, self.log_dir, unset).start()
         return self.llms[key]
 
     def close(self) -> None:
