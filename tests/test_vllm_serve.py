@@ -279,6 +279,12 @@ def test_the_serving_report_reads_the_served_runs(ctx, tmp_path):
     assert "| 4 " in md and "mars 0.9" in md and "TTFT p99 (ms)" in md
     assert figs and all(p.is_file() for p in figs)
     assert serving.render(serving.rows([])).startswith("No served runs")
+    from mars_bench.report import write_report      # mars-bench-report: the serving part is its last section
+
+    res = write_report(models.cfg.results_dir, tmp_path / "report")
+    page = (res["out"] / "report.md").read_text()
+    assert "## Serving (vllm serve)" in page and "### prompts" in page and "](serving/" in page
+    assert list((res["out"] / "serving").glob("serving__*.png"))
 
 
 @pytest.mark.vllm

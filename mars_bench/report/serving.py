@@ -28,7 +28,10 @@ def load(root) -> list[dict]:
     """Every served run under ``root``: its spec (run.json), records, summary and calls."""
     out = []
     for spec_path in sorted(Path(root).rglob("run.json")):
-        spec = json.loads(spec_path.read_text())
+        try:
+            spec = json.loads(spec_path.read_text())
+        except (OSError, ValueError):    # load_frames names unreadable runs; here they are skipped
+            continue
         d = spec_path.parent
         if not spec.get("serve") or not (d / "samples.jsonl").is_file():
             continue
@@ -213,11 +216,15 @@ def figure(df: pd.DataFrame, path: Path) -> list[Path]:
 
 def write(root, out_md: Path) -> tuple[str, list[Path]]:
     """Tables (``out_md``, and its JSON beside it) and figures of the served runs under ``root``."""
-    df = rows(load(root))
+    return write_rows(rows(load(root)), out_md)
+
+
+def write_rows(df: pd.DataFrame, out_md: Path, figures: bool = True) -> tuple[str, list[Path]]:
+    """``rows``' tables to ``out_md`` (and its JSON beside it) and, with ``figures``, the figures beside it."""
     md = render(df)
     out_md.parent.mkdir(parents=True, exist_ok=True)
     out_md.write_text(md)
-    figs = figure(df, out_md.with_suffix(".png")) if not df.empty else []
+    figs = figure(df, out_md.with_suffix(".png")) if figures and not df.empty else []
     table = df.drop(columns=["outputs"]) if not df.empty else df
     out_md.with_suffix(".json").write_text(table.to_json(orient="records", indent=1))
     return md, figs
