@@ -41,6 +41,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)   # not a line per request
 SERVED_NAME = "mars-bench-target"
 STOP_S = 30           # a server's grace after SIGINT before SIGKILL
 CALLS = "calls.jsonl"
+WARMUP_TOKENS = 16    # new tokens of each warm-up request (discarded)
 
 
 def server_flags(kwargs: dict) -> list[str]:
@@ -140,6 +141,7 @@ class ServedModels(Models):
         super().__init__(cfg, methods)
         self.log_dir = tempfile.mkdtemp(prefix="mars-bench-vllm-serve-")
         self.kernel = f"{self.kernel}-serve"
+        self.warm: set = set()    # servers (their URLs) that decoded their warm-up
 
     def llm(self, method) -> Server:
         """The running server of ``method``'s drafting setup (started on first use: ``Models.llm``'s keys)."""
@@ -198,6 +200,7 @@ class ServedModels(Models):
         sequence, ``batch_size`` samples in flight; their records written when the call ends."""
         self.self_check(job)
         server = self.llm(job.method)
+        self.warm_up(job, server, todo)
         items = source if source is not None else todo
         done: list = []
         t0 = time.perf_counter()
@@ -217,6 +220,21 @@ class ServedModels(Models):
         wall = time.perf_counter() - t0
         audit = read_audit(self.audit_dir)
         self._write(job, done, audit, wall, order, write, client.metrics_delta(before, after))
+
+    def warm_up(self, job, server: Server, todo: list) -> None:
+        """Before a server's first timed call: the first turns of up to ``batch_size`` of ``todo``'s samples decoded
+        with ``exact`` and a short budget, all in flight, the outputs discarded (a fresh server's first batch pays
+        allocation and first-call costs, which would land on whichever rule happens to come first)."""
+        if server.url in self.warm or not todo:
+            return
+        from mars_bench.store.recordbuild import sample_seed
+        from mars_bench.tasks import build_messages
+
+        first = todo[:job.tag.batch_size]
+        prompts = [self.prompt_ids(build_messages(job.task, s, [], 0)) for _, s in first]
+        self.decode_ids(job, prompts, [sample_seed(job.cfg.seed, i, 0) for i, _ in first], ("exact", {}),
+                        WARMUP_TOKENS)
+        self.warm.add(server.url)
 
     @staticmethod
     def _run(server: Server, coroutine):
