@@ -3,13 +3,14 @@ harness's own client (``client.py``), ``batch_size`` requests in flight (docs/vl
 
 One server per drafting setup of the run's methods (sd and mars share one: the rule is per request), started as a
 subprocess of this Python (the vLLM virtualenv's) with the engine arguments the offline ``LLM`` gets
-(``engine.engine_kwargs``) as flags, under the plugin's environment (``engine.plugin_env``: the plugin switched on,
-the audit folder, the runner compat chose), ``--generation-config vllm`` (else the model's generation_config.json
-would set unsent sampling fields such as repetition_penalty) and the per-request detailed spec-decode metrics;
-ready when ``/health`` answers; stopped (SIGINT to its process group, then SIGKILL) when the models are released or
-the process exits. Each request carries its rule as flat ``vllm_xargs`` (``verify.request_args``) and is audited by
-the plugin as in the offline engine; the self-check (``selfcheck.run``) runs through the server before the job's
-first record. Records are the offline engine's (``engine.turn_record_of``) plus, per turn, the request's timing
+(``engine.engine_kwargs``) as flags, under the plugin's environment (``engine.plugin_env``: the plugin switched on, the
+audit folder, the runner compat chose), ``--no-enable-prefix-caching`` (the rules decode the same prompts on one server:
+the second would find the first's prefill cached), ``--generation-config vllm`` (else the model's generation_config.json
+would set unsent sampling fields such as repetition_penalty) and the per-request detailed spec-decode metrics; ready
+when ``/health`` answers; stopped (SIGINT to its process group, then SIGKILL) when the models are released or the
+process exits. Each request carries its rule as flat ``vllm_xargs`` (``verify.request_args``) and is audited by the
+plugin as in the offline engine; the self-check (``selfcheck.run``) runs through the server before the job's first
+record. Records are the offline engine's (``engine.turn_record_of``) plus, per turn, the request's timing
 (``client.Reply.timing``: TTFT, ITL, TPOT, latency); a call's samples are written when the call ends, each with the
 call's wall time shared by its output tokens (so tokens / wall over a run is output tokens per second of the server),
 and the call's ``/metrics`` deltas (per-position acceptance as vLLM counts it) go to ``calls.jsonl`` beside them.
@@ -155,7 +156,10 @@ class ServedModels(Models):
             e = self.cfg.engine
             clear_cpu_kv_env(self.cfg)
             env = plugin_env(self.cfg, self.audit_dir, self.runner)
-            flags = server_flags(engine_kwargs(self.cfg, self.target_dir, self.specs[key], self.share, self.runner))
+            kwargs = engine_kwargs(self.cfg, self.target_dir, self.specs[key], self.share, self.runner)
+            # no prefix cache: the rules share a server and decode the same prompts one after another, so the second
+            # would find the first's prefill cached and show a shorter TTFT
+            flags = server_flags({**kwargs, "enable_prefix_caching": False})
             port = int(e.serve_port) + len(self.llms) if e.serve_port else free_port()
             unset = (compat.RUNNER_ENV,) if self.runner == compat.V2 else ()   # V2: vLLM's default (0.34 refuses 0)
             self.llms[key] = Server(flags, env, port, e.serve_start_s, self.log_dir, unset).start()
