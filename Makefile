@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup run test test-slow bench demo reproduce reproduce-full shard park retime figures clean setup-vllm test-vllm bench-vllm \
+.PHONY: setup run test test-slow bench demo reproduce reproduce-full shard park retime figures clean setup-vllm test-vllm bench-vllm bench-serve \
 	eagle3-head eagle3-head-tiny setup-llamacpp test-llamacpp
 
 $(STAMP): pyproject.toml
@@ -135,9 +135,10 @@ setup-vllm:
 	bash .ci/vllm.sh $(VLLM_VENV)
 
 # The vllm tier: the patched kernel and the engine against vLLM itself, the rule registry and the native engine,
-# and the bench script's tables (~3 min on 2 cores).
+# vllm serve with the harness's client (tiny pair, concurrency 1 and 4), and the bench script's tables (~4.5 min on
+# 2 cores).
 test-vllm: setup-vllm
-	$(VLLM_BIN)/python -m pytest -q -m vllm tests/test_vllm_kernel.py tests/test_vllm_engine.py
+	$(VLLM_BIN)/python -m pytest -q -m vllm tests/test_vllm_kernel.py tests/test_vllm_engine.py tests/test_vllm_serve.py
 	$(VLLM_BIN)/python -m pytest -q tests/test_bench_vllm.py tests/test_vllm_identity.py
 
 # vLLM's throughput (scripts/bench_vllm.py): mars (theta 0.9) vs exact inside vLLM at concurrency 1, 4, 16 and
@@ -147,6 +148,14 @@ test-vllm: setup-vllm
 BENCH_VLLM_ARGS ?=
 bench-vllm: setup-vllm
 	$(VLLM_BIN)/python scripts/bench_vllm.py $(BENCH_VLLM_ARGS)
+
+# The serving bench (scripts/bench_serve.py, docs/vllm.md "Serving"): sd (exact) vs mars theta 0.9 through `vllm
+# serve` with the plugin at concurrency 1, 4, 16 on the first 16 GSM8K questions x 128 new tokens, the served
+# outputs scored by the task against exact's at the same concurrency; tiny pair by default, BENCH_SERVE_ARGS="--pair
+# embedded" for the default pair (bf16) -> results/bench/serve_<pair>_<task>.{md,json} and a figure beside them.
+BENCH_SERVE_ARGS ?=
+bench-serve: setup-vllm
+	$(VLLM_BIN)/python scripts/bench_serve.py $(BENCH_SERVE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

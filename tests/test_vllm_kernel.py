@@ -8,6 +8,7 @@ import torch
 from scipy.stats import binomtest, chisquare
 
 from mars_bench.decode import rules, sampling
+from mars_bench.engines.vllm import verify
 
 from .test_mars_sampled import P, Q, Z, analytic, committed_law
 
@@ -30,7 +31,7 @@ def patched(tmp_path_factory):
 def call(rs, local, draft, num_draft, z, logits, q, greedy, spec, gens=None):
     """The patched rejection_sample on one step: returns the kernel's output [B, max + 1]."""
     b = len(num_draft)
-    extra = [None if s is None else {"mars_bench": {"rule": s[0], "settings": s[1], "key": f"r{i}"}}
+    extra = [None if s is None else verify.request_args(s[0], s[1], f"r{i}")
              for i, s in enumerate(spec)]
     local.raw, local.extra, local.done = z, extra, [0] * b
     meta = types.SimpleNamespace(all_greedy=all(greedy), all_random=not any(greedy),

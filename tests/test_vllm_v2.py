@@ -40,7 +40,7 @@ def _context_class():
 
 
 def _params(rule, settings, key, temperature=0.0):
-    extra = {"mars_bench": {"rule": rule, "settings": settings, "key": key}} if rule else None
+    extra = verify.request_args(rule, settings, key) if rule else None
     return SimpleNamespace(extra_args=extra, temperature=temperature)
 
 
@@ -159,8 +159,7 @@ def test_the_processor_is_a_vllm_logits_processor_and_decides_through_vllms_cont
     proc = cls(None, SimpleNamespace(prompt_len=SimpleNamespace(np=np.array([6, 2]))))
     gen = torch.Generator().manual_seed(3)
     z, slots, local, ids, pos, drafts = _batch(gen, [4, 4], 40, [6, 2], [2, 3])
-    params = SamplingParams(temperature=0.0, extra_args={"mars_bench": {"rule": "mars", "settings": {"theta": 0.4},
-                                                                        "key": "x"}})
+    params = SamplingParams(temperature=0.0, extra_args=verify.request_args("mars", {"theta": 0.4}, "x"))
     cls.validate_params(params)
     assert proc.add_request(0, params) and not proc.add_request(1, SamplingParams(temperature=0.0))
     logits = z.clone()

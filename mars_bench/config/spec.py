@@ -40,7 +40,7 @@ def run_spec(cfg, max_new: int, method, draft_quant, task_prompts: str = "ours")
                    budget=cfg.protocol.budget, enable_thinking=cfg.model.enable_thinking, task_prompts=task_prompts,
                    options=dict(m.options), model=model,
                    draft_model=draft_model if m.speculative else None, engine=engine.name,
-                   engine_version=engine.version)
+                   engine_version=engine.version, serve=bool(engine.get("serve") or False))
 
 
 def spec_of(cfg, max_new: int, task_prompts: str = "ours") -> RunSpec:

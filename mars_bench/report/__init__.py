@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 from pathlib import Path
 
 from mars_bench.report.console import print_console, render
 from mars_bench.report.docs import write_results_md
+from mars_bench.report import serving
 from mars_bench.report.figures import group_figures
 from mars_bench.report.layout import make_figures
 from mars_bench.report.frames import DEFAULT_THETA, Frames, groups, load_frames
@@ -54,14 +56,17 @@ def write_report(roots, out: str | Path | None = None, theta: float = DEFAULT_TH
     out = Path(out) if out is not None else (Path(str(roots[0])[:-len(SUFFIX)]) if is_pack(roots[0])
                                              else Path(roots[0])) / "report"
     with contextlib.ExitStack() as stack:
-        frames = load_frames([stack.enter_context(unpacked(r)) if is_pack(r) else r for r in roots])
+        dirs = [stack.enter_context(unpacked(r)) if is_pack(r) else r for r in roots]
+        frames = load_frames(dirs)
+        served = serving.rows([run for d in dirs for run in serving.load(d)])   # engine.serve runs (vllm serve)
     tables = all_tables(frames.runs, theta)
     shown = {name: t for name, t in tables.items() if not t.empty}   # a table without rows is no file, no section
     paths = write_tables(shown, out / "tables")
     drawn = draw(frames, out / "figures", theta) if figures else []
     _remove_stale(out, [n for n in tables if n not in shown], [p for d in drawn for p in d.paths] if figures else None)
     pages = {name: t for name, t in page_tables(frames.runs, theta).items() if not t.empty}
-    _write_pages(out, roots, frames, pages, drawn, missing_shards)
+    served_part = serving.write_rows(served, out / "serving" / "serving.md", figures) if not served.empty else None
+    _write_pages(out, roots, frames, pages, drawn, missing_shards, served_part)
     return {"frames": frames, "tables": tables, "paths": paths + [p for d in drawn for p in d.paths], "out": out,
             "drawn": drawn, "missing_shards": missing_shards}
 
@@ -89,9 +94,11 @@ def _intro(roots, frames: Frames, absent: list[str] | None) -> list[str]:
     return out
 
 
-def _write_pages(out: Path, roots, frames: Frames, tables, drawn, absent: list[str] | None = None) -> None:
+def _write_pages(out: Path, roots, frames: Frames, tables, drawn, absent: list[str] | None = None,
+                 served: tuple | None = None) -> None:
     """``report.md`` and ``report.html``: the definitions once, then a section per question that has data
-    (``layout.sections``), each with its tables (compact view) and figures."""
+    (``layout.sections``), each with its tables (compact view) and figures; ``served``: the serving part's markdown
+    and figures (``serving.write_rows``), a last section of report.md, named in report.html's intro."""
     from mars_bench.report.definitions import strip_definitions
     from mars_bench.report.html import definitions_used, page
     from mars_bench.report.layout import sections
@@ -118,6 +125,14 @@ def _write_pages(out: Path, roots, frames: Frames, tables, drawn, absent: list[s
             lines += [t.to_markdown(caption=strip_definitions(t.caption)[0]).rstrip(),
                       "", f"Files: tables/{name}.md, tables/{name}.csv, tables/{name}.tex", ""]
         lines += [x for d in figs for x in (f"![{d.png.stem}](figures/{d.png.name})", "", f"*{d.caption}*", "")]
+    if served is not None:
+        md, figs = served
+        intro.append("Serving (vllm serve, engine.serve=true): throughput, latency and quality against concurrency "
+                     "in serving/serving.md and its figures.")
+        lines += ["## Serving (vllm serve)", "", "*Throughput, latency and the served outputs' quality against "
+                  "concurrency (mars_bench/report/serving.py; also serving/serving.md).*", "",
+                  re.sub(r"^## ", "### ", md, flags=re.M).rstrip(), ""]
+        lines += [x for f in figs for x in (f"![{f.stem}](serving/{f.name})", "")]
     atomic_write_text(out / "report.md", "\n".join(lines).rstrip() + "\n")
     atomic_write_text(out / "report.html", page("mars-bench report", intro, parts))
 

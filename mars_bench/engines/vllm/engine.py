@@ -69,7 +69,19 @@ def check(cfg, m) -> str:
                          "saved); allowed: none / 0")
     if cfg.model.source == "tiny" and cfg.model.dtype != "fp32":
         raise ValueError(f"model.dtype={cfg.model.dtype} with model=tiny on engine=vllm; allowed: fp32")
+    check_serve(e)
     return version
+
+
+def check_serve(e) -> None:
+    """engine.serve / serve_port / serve_start_s (``serve.py``), refused in one line (ValueError)."""
+    if not isinstance(e.serve, bool):
+        raise ValueError(f"engine.serve={e.serve!r}; allowed: true, false")
+    port = e.serve_port
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
+        raise ValueError(f"engine.serve_port={port!r}; allowed: null (a free port) or an integer in [1, 65535]")
+    if isinstance(e.serve_start_s, bool) or not isinstance(e.serve_start_s, (int, float)) or e.serve_start_s <= 0:
+        raise ValueError(f"engine.serve_start_s={e.serve_start_s!r}; allowed: a number > 0")
 
 
 def _yaml_tiny_shape() -> dict:
@@ -205,7 +217,7 @@ class Models:
         name, settings = rule or (m.rule, dict(m.rule_kwargs))
         extra = None
         if m.speculative and name != "exact":
-            extra = {"mars_bench": {"rule": name, "settings": dict(settings), "key": key}}
+            extra = verify.request_args(name, dict(settings), key)
         return SamplingParams(temperature=float(cfg.temperature), top_p=float(cfg.top_p), seed=seed,
                               max_tokens=max_new or job.max_new, stop_token_ids=list(self.eos), stop=list(job.task.stop_strings),
                               include_stop_str_in_output=True, skip_special_tokens=True, extra_args=extra)
@@ -223,6 +235,11 @@ class Models:
         wall = time.perf_counter() - t0
         audit = read_audit(self.audit_dir)     # and removed: each call reads only its own steps
         return outs, [audit.get(k, []) for k in keys], wall
+
+    def decode_ids(self, job, prompts: list, seeds: list, rule: tuple, max_new: int) -> tuple[list, list]:
+        """(output token ids, audit steps) per prompt, decoded together with ``rule`` (the self-check's decodes)."""
+        outs, audits, _ = self.generate(job, prompts, seeds, rule=rule, max_new=max_new)
+        return [list(o.outputs[0].token_ids) for o in outs], audits
 
     def decode(self, job, sample, index: int, order: int = 0) -> dict:
         """One sample, all its turns, alone in vLLM (concurrency 1)."""
@@ -285,13 +302,20 @@ class Models:
 
 
 def turn_record(out, prompt, text, audit_steps: list, wall_s: float, tokenizer) -> dict:
-    """A ``TurnRecord`` dict from one vLLM ``RequestOutput``: the prefill step commits the first token (no drafts),
-    then one step per verification (vLLM's per-request metrics; the plugin's audit for a lossy rule)."""
+    """A ``TurnRecord`` dict from one vLLM ``RequestOutput`` (``turn_record_of``)."""
+    comp = out.outputs[0]
+    drafted, accepted = vllm_compat.per_step(comp)
+    return turn_record_of(list(comp.token_ids), comp.finish_reason, drafted, accepted, prompt, text, audit_steps,
+                          wall_s, tokenizer)
+
+
+def turn_record_of(ids: list, finish_reason, drafted, accepted, prompt, text, audit_steps: list, wall_s: float,
+                   tokenizer) -> dict:
+    """A ``TurnRecord`` dict from one request's output ``ids`` and vLLM's per-request per-step counts (``drafted`` /
+    ``accepted``: None without a speculative config): the prefill step commits the first token (no drafts), then one
+    step per verification; for a lossy rule the plugin's audit (``audit_steps``)."""
     from mars_bench.store.records import TurnRecord
 
-    comp = out.outputs[0]
-    ids = list(comp.token_ids)
-    drafted, accepted = vllm_compat.per_step(comp)
     if drafted is None:                               # ar: one token per target forward
         drafted, accepted = [], []
     # the prefill step commits the first token without drafts; a later step without drafts (rare: near the
@@ -316,7 +340,7 @@ def turn_record(out, prompt, text, audit_steps: list, wall_s: float, tokenizer) 
     retok = len(tokenizer(text.strip()).input_ids)
     return TurnRecord(
         prompt_tokens=len(prompt), new_tokens=len(ids), steps=steps, n_retokenized=retok,
-        tau=len(ids) / steps if steps else None, stop_reason=comp.finish_reason, prefill_s=0.0, wall_s=wall_s,
+        tau=len(ids) / steps if steps else None, stop_reason=finish_reason, prefill_s=0.0, wall_s=wall_s,
         proposed=drafted, accepted=accepted, relaxed=relaxed, z1=z1, z2=z2, outcome=outcome, output_ids=ids,
         output_text=text).to_dict()
 
@@ -336,27 +360,42 @@ def run_runner(cfg, methods, version: str) -> str:
     return which
 
 
-def build_llm(cfg, target_dir: str, spec: dict | None, audit_dir: str, share: MemoryShare, runner: str = "v1"):
-    """vLLM's offline ``LLM`` for a run (the plugin asked for; the environment vllm_compat names; ``runner``: v1 |
-    v2, ``run_runner``), taking ``share`` of the configured memory: on GPUs ``gpu_memory_utilization``, on CPU the KV
-    cache (``kv_cache_memory_bytes``)."""
+def plugin_env(cfg, audit_dir: str, runner: str) -> dict:
+    """The environment vLLM runs under for the harness (the offline ``LLM`` and ``vllm serve`` alike): the plugin
+    switched on with its audit folder, the runner vllm_compat chose, the variables Ray must copy to its workers."""
+    from mars_bench.engines.vllm.plugin import ACTIVE, AUDIT
+
+    env = {**vllm_compat.ENV, **vllm_compat.runner_env(runner), **(vllm_compat.CPU_ENV if _on_cpu(cfg) else {}),
+           ACTIVE: "1", AUDIT: audit_dir}
+    return vllm_compat.carried_to_workers(env, os.environ.get(vllm_compat.RAY_EXTRA_ENV, ""))
+
+
+def engine_kwargs(cfg, target_dir: str, spec: dict | None, share: MemoryShare, runner: str) -> dict:
+    """vLLM's engine arguments for a run (``LLM(**kwargs)``; ``vllm serve`` takes the same as flags): the model, the
+    drafting setup ``spec``, the engine settings, this LLM's ``share`` of the configured memory, and what depends on
+    the version, device and runner (``vllm_compat.llm_kwargs``)."""
     from mars_bench.engines.vllm.v2 import PROCESSOR
 
     e = cfg.engine
     cpu = _on_cpu(cfg)
-    env = {**vllm_compat.ENV, **vllm_compat.runner_env(runner), **(vllm_compat.CPU_ENV if cpu else {}),
-           "MARS_BENCH_VLLM_PLUGIN": "1", "MARS_BENCH_VLLM_AUDIT": audit_dir}
-    if cpu and os.environ.pop(vllm_compat.CPU_KV_ENV, ""):   # vLLM's CPU platform would let it override the share
-        log.warning("engine=vllm: %s ignored; engine.kv_cache_gib sets the KV cache", vllm_compat.CPU_KV_ENV)
-    os.environ.update(vllm_compat.carried_to_workers(env, os.environ.get(vllm_compat.RAY_EXTRA_ENV, "")))
+    return dict(model=target_dir, tokenizer=target_dir, dtype=DTYPES[cfg.model.dtype], seed=int(cfg.seed),
+                max_model_len=_max_model_len(e.max_model_len, target_dir, cpu), enforce_eager=bool(e.enforce_eager),
+                speculative_config=spec, tensor_parallel_size=int(e.tensor_parallel_size),
+                pipeline_parallel_size=int(e.pipeline_parallel_size),
+                distributed_executor_backend=e.distributed_executor_backend,
+                max_num_seqs=int(e.max_num_seqs or cfg.get("batch_size", 1) or 1), disable_log_stats=False,
+                **vllm_compat.llm_kwargs(cpu, share, spec is not None, runner, PROCESSOR if spec else None))
+
+
+def build_llm(cfg, target_dir: str, spec: dict | None, audit_dir: str, share: MemoryShare, runner: str = "v1"):
+    """vLLM's offline ``LLM`` for a run (the plugin asked for: ``plugin_env``; ``runner``: v1 | v2, ``run_runner``),
+    taking ``share`` of the configured memory: on GPUs ``gpu_memory_utilization``, on CPU the KV cache
+    (``kv_cache_memory_bytes``)."""
+    clear_cpu_kv_env(cfg)
+    os.environ.update(plugin_env(cfg, audit_dir, runner))
     from vllm import LLM
 
-    kwargs = dict(model=target_dir, tokenizer=target_dir, dtype=DTYPES[cfg.model.dtype], seed=int(cfg.seed),
-                  max_model_len=_max_model_len(e.max_model_len, target_dir, cpu), enforce_eager=bool(e.enforce_eager), speculative_config=spec,
-                  tensor_parallel_size=int(e.tensor_parallel_size), pipeline_parallel_size=int(e.pipeline_parallel_size),
-                  distributed_executor_backend=e.distributed_executor_backend,
-                  max_num_seqs=int(e.max_num_seqs or cfg.get("batch_size", 1) or 1), disable_log_stats=False,
-                  **vllm_compat.llm_kwargs(cpu, share, spec is not None, runner, PROCESSOR if spec else None))
+    kwargs = engine_kwargs(cfg, target_dir, spec, share, runner)
     log.info("vLLM %s: LLM(%s)", vllm_compat.installed_version(),
              ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k not in ("tokenizer",)))
     if runner == vllm_compat.V2:
@@ -368,6 +407,12 @@ def build_llm(cfg, target_dir: str, spec: dict | None, audit_dir: str, share: Me
 
         first = " ".join(str(err).split())[:300]
         raise ConfigError(f"vLLM refused the engine settings: {first}") from err
+
+
+def clear_cpu_kv_env(cfg) -> None:
+    """On CPU, unset vLLM's legacy KV-cache variable (its CPU platform would let it override the share)."""
+    if _on_cpu(cfg) and os.environ.pop(vllm_compat.CPU_KV_ENV, ""):
+        log.warning("engine=vllm: %s ignored; engine.kv_cache_gib sets the KV cache", vllm_compat.CPU_KV_ENV)
 
 
 CPU_MAX_MODEL_LEN = 4096   # CPU, engine.max_model_len null: the KV cache (engine.kv_cache_gib) must hold one request

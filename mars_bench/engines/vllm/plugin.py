@@ -3,8 +3,10 @@
 vLLM calls ``register`` in every process it starts. It does nothing unless the harness asked for it
 (``MARS_BENCH_VLLM_PLUGIN=1`` in the environment, set by ``engines/vllm.py`` before the ``LLM`` is built), so
 an installed mars-bench never changes a user's other vLLM runs. When active it patches vLLM's verification
-(``vllm_compat.install``) so that requests carrying ``SamplingParams.extra_args["mars_bench"]`` (rule name,
-settings, key) are verified by this project's rule registry (``verify.py``) from the raw target logits, and
+(``vllm_compat.install``) so that requests carrying the harness's flat ``SamplingParams.extra_args``
+(``verify.request_args``: ``mars_bench_rule``, ``mars_bench_key``, one ``mars_bench_<knob>`` per setting; from
+``vllm serve`` they come as the request's ``vllm_xargs``) are verified by this project's rule registry
+(``verify.py``) from the raw target logits, and
 every step's audit of those requests (output tokens before the step, drafts proposed / accepted, z1 / z2,
 relaxed acceptances) is appended to ``$MARS_BENCH_VLLM_AUDIT/<pid>.jsonl`` as one JSON line per request and step,
 by tensor-parallel rank 0 only (``vllm_compat.writes_audit``). Rule ``exact`` is observed only: no input of vLLM's
@@ -45,7 +47,7 @@ def step(draft, num_draft, raw, logits, draft_probs, uniform, greedy, extra, don
     if not vllm_compat.writes_audit():    # another tensor-parallel rank writes this step
         return out
     records = verify.audit(dec, draft, num_draft, verify.accepted_counts(out))
-    write_audit([(e["mars_bench"]["key"], {**r, "done": n}) for e, r, n in zip(extra, records, done) if r is not None])
+    write_audit([(verify.key_of(e), {**r, "done": n}) for e, r, n in zip(extra, records, done) if r is not None])
     return out
 
 

@@ -67,7 +67,8 @@ def problems(rule: str, settings: dict, greedy: bool, exact_ids: list, strict_id
 
 
 def run(models, job) -> dict:
-    """The self-check of ``job``'s rule on ``models`` (``engine.Models``); its record, or a one-line ConfigError."""
+    """The self-check of ``job``'s rule on ``models`` (``engine.Models``, or ``serve.ServedModels``: its decodes then go
+    through the server); its record, or a one-line ConfigError."""
     from mars_bench.store.recordbuild import sample_seed
     from mars_bench.tasks import build_messages
 
@@ -78,8 +79,7 @@ def run(models, job) -> dict:
     settings = dict(m.rule_kwargs)
 
     def decode(rule, s):
-        outs, audits, _ = models.generate(job, prompts, seeds, rule=(rule, s), max_new=TOKENS)
-        return [list(o.outputs[0].token_ids) for o in outs], audits
+        return models.decode_ids(job, prompts, seeds, (rule, s), TOKENS)
 
     exact_ids, _ = decode("exact", {})
     strict_ids, strict_audit = decode(m.rule, strict_settings(m.rule, settings))

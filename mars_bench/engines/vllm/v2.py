@@ -5,7 +5,7 @@ V2 verifies a step's chain of request b at its logits rows: row i (``ctx.expande
 target's logits after the first i drafts; the draft it verifies is the input token of the next row of the same
 request (``ctx.input_ids[row + 1]``: V2's kernel reads ``draft_sampled_ptr + logit_idx + 1``); the request's last
 row is the bonus row (no draft). ``apply`` runs before temperature and top-k/top-p, so the rows it sees are the raw
-logits z. For each request that carries ``SamplingParams.extra_args["mars_bench"]`` it runs the rule
+logits z. For each request that carries the harness's rule (``verify.spec_of`` of its extra_args) it runs the rule
 (``verify.decide``: ``decode/rules``' function, the one the native engine and the V1 patch call) on the drafted rows
 and makes a row one-hot at its draft (0 there, -inf elsewhere; ``verify.rewrite``) where the rule accepts what the
 standard test rejects, so V2's unchanged kernel accepts it; every other row, the correction and the bonus draw are
@@ -30,17 +30,17 @@ from mars_bench.engines.vllm import verify
 PROCESSOR = "mars_bench.engines.vllm.v2:MarsLogitsProcessor"
 
 
-def _ours(sampling_params) -> dict | None:
-    return (sampling_params.extra_args or {}).get("mars_bench") if sampling_params is not None else None
+def _extra(sampling_params) -> dict | None:
+    return sampling_params.extra_args if sampling_params is not None else None
 
 
 def check_params(sampling_params) -> None:
     """A one-line ValueError for a request V2 cannot carry: a lossy rule with temperature > 0 (module doc); the
     rule and its settings as ``verify.spec_of`` checks them."""
-    ours = _ours(sampling_params)
-    if not ours:
+    spec = verify.spec_of(_extra(sampling_params))
+    if spec is None:
         return
-    rule, settings = verify.spec_of({"mars_bench": ours})
+    rule, settings = spec
     verify.check_rule(rule.name, settings)
     if sampling_params.temperature and not rule.lossless:
         raise ValueError(f"rule={rule.name} with temperature={sampling_params.temperature} cannot run in vLLM's "
@@ -57,11 +57,12 @@ class RowRules:
         self.prompt_len = prompt_len           # slot -> prompt tokens (vLLM's req_states.prompt_len.np)
 
     def add(self, slot: int, sampling_params) -> bool:
-        ours = _ours(sampling_params)
-        if not ours or verify.spec_of({"mars_bench": ours})[0].lossless:
+        extra = _extra(sampling_params)
+        spec = verify.spec_of(extra)
+        if spec is None or spec[0].lossless:
             self.slots.pop(slot, None)         # exact: vLLM's own verification, nothing to rewrite
             return False
-        self.slots[slot] = (verify.spec_of({"mars_bench": ours}), ours.get("key"))
+        self.slots[slot] = (spec, verify.key_of(extra))
         return True
 
     def apply(self, logits: torch.Tensor, slot_of_row, local_pos, input_ids, pos) -> list[tuple[str, dict]]:

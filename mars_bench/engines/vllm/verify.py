@@ -154,11 +154,46 @@ def audit(dec: Decision, draft: torch.Tensor, num_draft: list[int], n_accepted: 
     return out
 
 
+PREFIX = "mars_bench_"   # the request's keys in ``SamplingParams.extra_args`` / ``vllm serve``'s ``vllm_xargs``
+FLAT = (str, int, float)  # what ``vllm_xargs`` carries (vLLM refuses a nested object)
+
+
+def request_args(rule: str, settings: dict, key: str) -> dict:
+    """A request's rule, settings and audit key as FLAT ``extra_args`` (the one form the offline engine and ``vllm
+    serve``'s ``vllm_xargs`` both carry): ``mars_bench_rule``, ``mars_bench_key`` and ``mars_bench_<knob>`` per setting.
+    A value that is not a string or number (a nested object, a list, a bool) is refused in one line."""
+    out = {f"{PREFIX}rule": rule, f"{PREFIX}key": key}
+    for name, value in settings.items():
+        if isinstance(value, bool) or not isinstance(value, FLAT):
+            raise ValueError(f"rule setting {name}={value!r:.60}; allowed: a string or a number (vllm_xargs "
+                             "carries flat values only)")
+        out[f"{PREFIX}{name}"] = value
+    return out
+
+
+def _ours(extra: dict | None) -> dict:
+    return {k[len(PREFIX):]: v for k, v in (extra or {}).items() if k.startswith(PREFIX)}
+
+
 def spec_of(extra: dict | None) -> tuple[Rule, dict] | None:
-    """A request's rule from its ``SamplingParams.extra_args`` (``{"mars_bench": {"rule": .., "settings": ..}}``);
-    None when this harness did not send it. The settings are checked by the rule's registration."""
-    ours = (extra or {}).get("mars_bench")
-    if not ours:
+    """A request's rule from its ``SamplingParams.extra_args`` (``request_args``' flat keys); None when this harness
+    did not send it. A nested value, an unknown rule or setting is refused in one line (ValueError); the settings are
+    checked by the rule's registration."""
+    ours = _ours(extra)
+    if "rule" not in ours:
         return None
-    rule = RULES[ours["rule"]]
-    return rule, rule.settings(ours.get("settings") or {})
+    nested = next((k for k, v in ours.items() if isinstance(v, bool) or not isinstance(v, FLAT)), None)
+    if nested is not None:
+        raise ValueError(f"extra_args {PREFIX}{nested}={ours[nested]!r:.60}; allowed: a string or a number "
+                         "(flat keys, request_args)")
+    name = ours.pop("rule")
+    ours.pop("key", None)
+    if name not in RULES:
+        raise ValueError(f"extra_args {PREFIX}rule={name!r}; allowed: {', '.join(RULES)}")
+    rule = RULES[name]
+    return rule, rule.settings(ours)
+
+
+def key_of(extra: dict | None) -> str | None:
+    """The audit key of a request ``spec_of`` reads (``mars_bench_key``)."""
+    return _ours(extra).get("key")
