@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from mars_bench import stats as S
+from mars_bench.report.serving import positions
 from mars_bench.run.bench import fresh_runs_dir, run_compare
 from mars_bench.engines.vllm.compat import installed_version
 from mars_bench.store.metrics import TAU_DEFINITION
@@ -58,17 +59,6 @@ def pooled(runs: list[dict]) -> dict:
         key = (s.get("engine", "native"), int(s["batch_size"]), s["rule"])
         groups.setdefault(key, {}).update({(run["round"], r["id"]): r for r in run["records"]})
     return groups
-
-
-def positions(records, k: int) -> list[float | None]:
-    """Per draft position i = 1..k: steps that accepted >= i drafts / steps that proposed >= i (all turns)."""
-    acc, prop = np.zeros(k), np.zeros(k)
-    for r in records:
-        for t in r["turns"]:
-            for p, a in zip(t["proposed"], t["accepted"]):
-                prop[:min(p, k)] += 1
-                acc[:min(a, k)] += 1
-    return [float(a / p) if p else None for a, p in zip(acc, prop)]
 
 
 def acceptance_length(records) -> float | None:

@@ -48,8 +48,9 @@ def _pct(values, p) -> float | None:
     return float(np.percentile(values, p)) * 1000 if len(values) else None   # ms
 
 
-def _positions(records, k: int) -> list[float | None]:
-    """Per draft position i = 1..k: steps that accepted >= i drafts / steps that proposed >= i."""
+def positions(records, k: int) -> list[float | None]:
+    """Per draft position i = 1..k: steps that accepted >= i drafts / steps that proposed >= i (all turns; also
+    scripts/bench_vllm.py's)."""
     acc, prop = np.zeros(k), np.zeros(k)
     for r in records:
         for t in r["turns"]:
@@ -104,7 +105,7 @@ def rows(runs: list[dict]) -> pd.DataFrame:
                              ("itl", [x for t in turns for x in t.get("itl_s") or []])):
             for p in PERCENTILES:
                 row[f"{name}_p{p}_ms"] = _pct(values, p)
-        row["positions"] = _positions(recs, k) if k else []
+        row["positions"] = positions(recs, k) if k else []
         row["positions_metrics"] = _metric_positions(run["calls"], k) if k and run["calls"] else []
         row["relaxed"] = int(sum(r["n_relaxed"] for r in recs))
         out.append(row)
