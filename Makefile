@@ -162,11 +162,13 @@ clean:
 
 # EAGLE-3 heads trained with Speculators 0.9.0 on this CPU (docs/eagle3.md; mars_bench/run/eagle3_recipe.py). Resumable:
 # rerun continues (corpus, features per window, training per epoch). eagle3-head: the embedded pair's target
-# (Qwen2.5-Coder-1.5B), hours; eagle3-head-tiny: the test fixture's head (tests/fixtures/eagle3_tiny), ~1.5 min.
-EAGLE3_WORK ?= results/eagle3-head
+# (Qwen2.5-Coder-1.5B), hours (EAGLE3_RECIPE=embedded-sitting: the budget of one sitting, ~2 h);
+# eagle3-head-tiny: the test fixture's head (tests/fixtures/eagle3_tiny), ~1.5 min.
+EAGLE3_RECIPE ?= embedded
+EAGLE3_WORK ?= results/eagle3-head/$(EAGLE3_RECIPE)
 eagle3-head: $(STAMP)
 	bash .ci/speculators.sh $(VENV)
-	$(BIN)/python -m mars_bench.run.eagle3_recipe embedded --work $(EAGLE3_WORK)
+	$(BIN)/python -m mars_bench.run.eagle3_recipe $(EAGLE3_RECIPE) --work $(EAGLE3_WORK)
 
 eagle3-head-tiny: $(STAMP)
 	bash .ci/speculators.sh $(VENV)
