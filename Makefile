@@ -150,9 +150,10 @@ bench-vllm: setup-vllm
 	$(VLLM_BIN)/python scripts/bench_vllm.py $(BENCH_VLLM_ARGS)
 
 # The serving bench (scripts/bench_serve.py, docs/vllm.md "Serving"): sd (exact) vs mars theta 0.9 through `vllm
-# serve` with the plugin at concurrency 1, 4, 16 on the first 16 GSM8K questions x 128 new tokens, the served
-# outputs scored by the task against exact's at the same concurrency; tiny pair by default, BENCH_SERVE_ARGS="--pair
-# embedded" for the default pair (bf16) -> results/bench/serve_<pair>_<task>.{md,json} and a figure beside them.
+# serve` with the plugin at concurrency 1, 4, 16 on the first 16 GSM8K questions x 128 new tokens, 3 rounds (the
+# throughput ratio's CI is over rounds; --rounds R), the served outputs scored by the task against exact's at the same
+# concurrency; tiny pair by default, BENCH_SERVE_ARGS="--pair embedded" for the default pair (bf16) ->
+# results/bench/serve_<pair>_<task>.{md,json} and a figure beside them.
 BENCH_SERVE_ARGS ?=
 bench-serve: setup-vllm
 	$(VLLM_BIN)/python scripts/bench_serve.py $(BENCH_SERVE_ARGS)

@@ -1,6 +1,7 @@
 """engine=vllm engine.serve=true: the harness's client against ``vllm serve`` with the plugin (engines/vllm/serve.py,
 client.py). Unmarked tests need no vLLM (the flat vllm_xargs, the server's flags, the /metrics parser); the ``vllm``
-tier serves the tiny pair (vLLM's shape, engines/vllm.tiny_dirs) at concurrency 1 and 4:
+tier serves the tiny pair (vLLM's shape, engines/vllm.tiny_dirs) at concurrency 1 and 4, and runs the serving bench
+(scripts/bench_serve.py) for 2 rounds at concurrency 2:
     .venv-vllm/bin/python -m pytest -m vllm tests/test_vllm_serve.py
 One module-scoped context holds two servers (ar; sd with the draft model, k = 4, max_num_seqs 4); the rule changes
 per request. The embedded pair: tests/test_vllm_serve_embedded.py (slow tier).
@@ -271,12 +272,14 @@ def test_the_serving_report_reads_the_served_runs(ctx, tmp_path):
     at4 = df[(df["concurrency"] == 4) & df["settings"].str.endswith(f"max new tokens {MAX_NEW}")]
     exact = at4[at4["rule"] == "exact"].iloc[0]
     mars = at4[(at4["rule"] == "mars") & (at4["theta"] == 0.9)].iloc[0]
-    assert mars["exact_run"] == exact["run"] and mars["exact_quality"] == exact["quality"]
+    assert mars["rounds"] == exact["rounds"] == 1 and mars["vs_exact_n"] == 1      # one round: no interval
+    assert mars["vs_exact"] == pytest.approx(mars["tokens_per_s"] / exact["tokens_per_s"])
+    assert mars["vs_exact_lo"] is None and serving.ratio_text(mars) == f"{mars['vs_exact']:.2f} (CI n/a: 1 round)"
     assert mars["tokens_per_s"] > 0 and mars["relaxed"] > 0 and mars["ttft_p50_ms"] > 0
     assert mars["positions"] == pytest.approx(mars["positions_metrics"])    # records and /metrics agree
     assert mars["identical_to_exact"].endswith(f"/{N}")
     md, figs = serving.write(models.cfg.results_dir, tmp_path / "serve.md")
-    assert "| 4 " in md and "mars 0.9" in md and "TTFT p99 (ms)" in md
+    assert "| 4 " in md and "mars 0.9" in md and "TTFT p99 (ms)" in md and "(CI n/a: 1 round)" in md
     assert figs and all(p.is_file() for p in figs)
     assert serving.render(serving.rows([])).startswith("No served runs")
     from mars_bench.report import write_report      # mars-bench-report: the serving part is its last section
@@ -303,3 +306,52 @@ def test_served_records_equal_the_offline_engines(ctx, tmp_path):
             x, y = a[i]["turns"][0], b[i]["turns"][0]
             for key in ("output_ids", "proposed", "accepted", "outcome", "relaxed", "stop_reason"):
                 assert x[key] == y[key], (name, i, key)
+
+
+@pytest.mark.vllm
+def test_the_bench_serves_rounds_and_the_ratio_has_a_ci_over_them(tmp_path):
+    """scripts/bench_serve.py --rounds 2 at concurrency 2 on 4 GSM8K questions: one run directory per rule and round
+    (seed = round - 1), the rule decoded first alternating (the records' ``order``), and the report's x exact row: n = 2
+    rounds, the geometric mean of the per-round ratios and its t-interval, recomputed here from samples.jsonl's tokens
+    and calls.jsonl's wall times."""
+    import math
+    import subprocess
+    import sys
+
+    import numpy as np
+    from scipy.stats import t as student
+
+    from mars_bench.store.io import read_samples
+    from mars_bench.store.spec import read_spec
+
+    from .conftest import ROOT
+
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    env = {**os.environ, "MARS_BENCH_CACHE": os.environ.get("MARS_BENCH_CACHE") or str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_serve.py"), "--pair", "tiny", "--task",
+                           "gsm8k", "--limit", "4", "--max-new-tokens", "16", "--concurrency", "2", "--rounds", "2",
+                           "--threads", "1", "--runs", str(runs), "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rate = {}
+    for d in sorted(p.parent for p in runs.rglob("run.json")):
+        spec = read_spec(d)
+        recs, problems = read_samples(d / "samples.jsonl")
+        assert not problems and len(recs) == 4 and spec.batch_size == 2
+        first = (spec.rule == "exact") == (spec.seed == 0)          # sd first in round 1, mars in round 2
+        assert {r["order"] for r in recs} == {0 if first else 1}, (spec.rule, spec.seed)
+        wall = sum(json.loads(x)["wall_s"] for x in (d / serve.CALLS).read_text().splitlines())
+        rate[spec.rule, spec.seed] = sum(t["new_tokens"] for r in recs for t in r["turns"]) / wall
+    assert sorted(rate) == [("exact", 0), ("exact", 1), ("mars", 0), ("mars", 1)]     # 4 distinct run directories
+    logs = [math.log(rate["mars", s] / rate["exact", s]) for s in (0, 1)]
+    half = student.ppf(0.975, 1) * np.std(logs, ddof=1) / math.sqrt(2)
+    table = json.loads((out / "serve_tiny_gsm8k.json").read_text())
+    (row,) = [r for r in table if r["rule"] == "mars"]
+    assert row["rounds"] == row["vs_exact_n"] == 2 and row["seeds"] == [0, 1]
+    assert row["vs_exact"] == pytest.approx(math.exp(np.mean(logs)))
+    assert (row["vs_exact_lo"], row["vs_exact_hi"]) == pytest.approx((math.exp(np.mean(logs) - half),
+                                                                      math.exp(np.mean(logs) + half)))
+    assert row["vs_exact_lo"] < row["vs_exact"] < row["vs_exact_hi"]
+    assert "accuracy_strict" in row["quality"] and row["quality_vs_exact"]["accuracy_strict"]["n"] == 4
+    md = (out / "serve_tiny_gsm8k.md").read_text()
+    assert f"{row['vs_exact']:.2f} [{row['vs_exact_lo']:.2f}, {row['vs_exact_hi']:.2f}]" in md

@@ -187,6 +187,25 @@ def mean_ci(x, settings: StatsSettings) -> dict:
     return _percentile(resample_sums(x[:, None], settings)[:, 0] / n, point, n, settings, "bootstrap percentile")
 
 
+def log_ratio_t_ci(ratios, settings: StatsSettings) -> dict:
+    """Geometric mean of ``ratios`` (one per repeated round, e.g. a throughput ratio measured R times) with the
+    t-interval of their logs: exp(mean(log r) -+ t_{n-1, 1-alpha/2} * sd(log r) / sqrt(n)), an interval over
+    rounds (not samples), which holds whatever the requests of one round share (a call's wall time). Fewer than
+    2 rounds: no interval (note)."""
+    from scipy.stats import t
+
+    x = np.log(np.asarray(ratios, float))
+    n = len(x)
+    method = "t-interval on log ratios over rounds"
+    point = float(np.exp(x.mean())) if n else None
+    if n < 2:
+        return _estimate(point, n, settings, method, note=f"n = {n} round{'s' if n != 1 else ''}: no interval")
+    half = float(t.ppf(1 - settings.alpha / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+    if half <= 0:
+        return _estimate(point, n, settings, method, note=f"the same ratio in all {n} rounds: no interval")
+    return _estimate(point, n, settings, method, math.exp(x.mean() - half), math.exp(x.mean() + half))
+
+
 def proportion_ci(k: int, n: int, settings: StatsSettings) -> dict:
     """k / n with the Wilson score interval (scipy). Used for shares such as 'identical to ar', where a
     bootstrap degenerates at 0 % and 100 %."""
