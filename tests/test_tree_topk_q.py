@@ -87,3 +87,26 @@ def test_paper_trees_experiment_entries(temperature):
               for t in spec}
     assert thetas["draft"] == thetas["onehot"] and len(thetas["draft"]) >= 5
     assert all(t.settings.get("sampled_top1") == "margin" for t in spec if t.rule == "mars")
+
+
+def test_trees_t1_shapes_experiment_entries():
+    """The T = 1 shapes bench: every entry valid and distinct, all at T = 1 with the authors' rule settings; the
+    lossless entries are the chain, sampled-children trees of widths 1 / 2 / 4 and point-mass trees of widths 2 / 4;
+    the MARS entries are the chain and paper_trees' d4 w4 t16 tree, theta 0.9, MARS alone (point-mass q)."""
+    base = ["+experiment=trees_t1_shapes", "task=wmt19_zh_en"]
+    cfg = cfg_of(*base)
+    tags = []
+    for entry in [list(e) for e in cfg.interleave]:
+        v = cfg_of(*base, *entry)
+        validate(v)
+        tags.append(spec_of(v, 256))
+    assert len({t.label for t in tags}) == len(tags)
+    assert all(t.temperature == 1.0 and t.top_p == 1.0 for t in tags)
+    lossless = sorted((t.scheme, t.tree or "", t.sample_children) for t in tags if t.scheme != "ar" and t.lossless)
+    assert [(s, c) for s, _, c in lossless].count(("sd_tree", True)) == 3
+    assert [(s, c) for s, _, c in lossless].count(("sd_tree", False)) == 2
+    assert ("sd", "", False) in [(s, tr, bool(c)) for s, tr, c in lossless]
+    mars = [t for t in tags if t.rule == "mars"]
+    assert sorted(t.scheme for t in mars) == ["sd", "sd_tree"]   # the drafting scheme; the rule is mars
+    assert all(t.settings["theta"] == 0.9 and t.settings.get("sampled_top1") == "margin" for t in mars)
+    assert all(t.topk_q in (None, "onehot") for t in mars)
