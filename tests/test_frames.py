@@ -205,6 +205,13 @@ def test_headline_skips_a_metric_whose_format_the_model_never_wrote():
     # the method wrote '####' once, its ar never: one metric for both (the committed GSM8K shard's mars and ar)
     assert headline({**row, "quality/strict_format_rate": 0.008, "baseline_quality/strict_format_rate": 0.0}) \
         == "accuracy_flexible"
+    # mostly unformatted (the T = 1 GSM8K shard: 3-7% of answers wrote '####'): strict accuracy measures the format
+    assert headline({**row, "quality/strict_format_rate": 0.066, "baseline_quality/strict_format_rate": 0.033}) \
+        == "accuracy_flexible"
+    assert headline({**row, "quality/strict_format_rate": 0.9, "baseline_quality/strict_format_rate": 0.4}) \
+        == "accuracy_flexible"
+    assert headline({**row, "quality/strict_format_rate": 0.9, "baseline_quality/strict_format_rate": 0.6}) \
+        == "accuracy_strict"
 
 
 def test_a_metric_may_need_only_a_format_rate_of_its_own_task():

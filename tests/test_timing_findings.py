@@ -118,20 +118,21 @@ def _kind(rec: dict) -> tuple:
 def _table_8_checked(runs, raws) -> int:
     """Table 8 names the machine kinds each row's tasks were timed on (from the records) and refuses a speedup mean
     exactly where they differ; returns the rows refused."""
-    kinds_of: dict[tuple, set] = {}   # (task dir, label) -> the machines its timed records name
+    kinds_of: dict[tuple, set] = {}   # (task dir, method, T) -> the machines its timed records name
     for raw in raws:
         for key, run in raw.items():
             for r in run.get("records", []):
                 if r.get("phase") == "timed":
-                    kinds_of.setdefault((key.split("/")[0], r["method"]), set()).add(_kind(r))
+                    kinds_of.setdefault((key.split("/")[0], r["method"], float(r["temperature"])), set()).add(_kind(r))
     paper = paper_table(runs)
     names = dict(PAPER_TASKS)
     refused = 0
     for row in paper.rows:
         present = [t for t in names if row.get(f"{t}/speedup") is not None]
         method = row["label"].split()[0]
-        kinds = set().union(*(k for (task_dir, m), k in kinds_of.items()
-                              if m == method and task_dir.rsplit("-v", 1)[0] in present))
+        temperature = float(row["settings"].split()[0].removeprefix("T="))   # a table row's own T (T = 0 and 1 apart)
+        kinds = set().union(*(k for (task_dir, m, t), k in kinds_of.items()
+                              if m == method and t == temperature and task_dir.rsplit("-v", 1)[0] in present))
         assert all(cpu in row["machine"] for cpu, _, _ in kinds), (row["label"], row["machine"])
         if len(kinds) > 1:
             assert row["machine"].startswith("⚠") and row["mean_present/speedup"] is None

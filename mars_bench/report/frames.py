@@ -314,14 +314,20 @@ def study_groups(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return {g: pd.DataFrame(rs).reset_index(drop=True) for g, rs in out.items()}
 
 
+FORMAT_MIN = 0.5   # a needs_format metric leads only where at least this share of answers wrote the format
+
+
 def headline(row) -> str | None:
     """The first metric the task declares that this run reports (e.g. accuracy_strict, pass@1, bleu), skipping one
-    whose ``needs_format`` rate is 0 in this run or in its ar baseline (e.g. GSM8K's strict accuracy when the model
-    never wrote '#### <answer>': every answer scores 0 whatever its number; a method and its ar get one metric)."""
+    whose ``needs_format`` rate is below ``FORMAT_MIN`` in this run or in its ar baseline (e.g. GSM8K's strict
+    accuracy when the model mostly or never wrote '#### <answer>', as the embedded pair greedy (rate 0) and at T = 1
+    (3-7%): an answer without the format scores 0 whatever its number, so the metric measures the format; a method
+    and its ar get one metric)."""
     reg = _registration(str(val(row, "task") or ""))
     for m in val(row, "metrics", []):
         fmt = (reg.get(m) or {}).get("needs_format") if isinstance(reg.get(m), dict) else None
-        unformatted = fmt and 0 in (val(row, f"quality/{fmt}"), val(row, f"baseline_quality/{fmt}"))
+        rates = (val(row, f"quality/{fmt}"), val(row, f"baseline_quality/{fmt}")) if fmt else ()
+        unformatted = any(r is not None and r < FORMAT_MIN for r in rates)
         if val(row, f"quality/{m}") is not None and not unformatted:
             return m
     return None
