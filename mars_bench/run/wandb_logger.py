@@ -162,3 +162,7 @@ class WandbLogger:
         if self._open:
             self._open = False
             self.run.finish()
+            # finish() can return before wandb's service has written the run's records (wandb 0.31: the
+            # offline run-*.wandb held only its header when read right after); teardown waits for the
+            # service to flush and stop, so the offline files are whole for `wandb sync` once close returns
+            self.wandb.teardown()
