@@ -244,29 +244,27 @@ def _pick(z: torch.Tensor, k: int, mode: str, cfg, gen):
     """Children of one node from its draft logits row: (tokens, log-scores, q or None)."""
     if mode == "sample":
         # Sequential draws without replacement from q, all at once (Gumbel-top-k: the k largest q(x) / E_x,
-        # E_x ~ Exp(1) i.i.d., in order, are k sequential draws without replacement; tokens with q = 0 never
-        # drawn). The score of the i-th draw must not depend on its own value (whether it survives pruning
-        # would then bias it away from q_i): it is the EXPECTED draft probability of the i-th draw given the
-        # earlier ones, log sum_x q_i(x) q(x), q_i: q without the earlier draws, renormalised (its sums taken
-        # over what remains, not by subtraction, which cancels where one token holds nearly all the mass).
-        # One child (a width-1 tree): one multinomial draw, the same law and draws as before Gumbel-top-k, and
-        # cheaper than it (k = 1, 151k vocabulary: 3.9 vs 5.2 ms; k = 4: 13.0 vs 6.1 ms; k = 8: 25.6 vs 7.3 ms).
+        # E_x ~ Exp(1) i.i.d., in order, are k sequential draws without replacement; tokens with q = 0 have key
+        # -1 and are dropped after the read). The score of the i-th draw must not depend on its own value
+        # (whether it survives pruning would then bias it away from q_i): it is the EXPECTED draft probability
+        # of the i-th draw given the earlier ones, log sum_x q_i(x) q(x), q_i: q without the earlier draws,
+        # renormalised (its sums taken over what remains, not by subtraction, which cancels where one token
+        # holds nearly all the mass). One child: one multinomial draw (no Exp(1) over the vocabulary).
         q = sampling.warp(z, cfg.temperature, cfg.top_p)
         if k == 1:
             top = torch.multinomial(q, 1, generator=gen)
             out = torch.cat([top.to(q.dtype), torch.log((q * q).sum() / q.sum()).reshape(1)]).tolist()
             return [int(out[0])], out[1:], q
-        k = min(k, int((q > 0).sum()))
-        if k == 0:
-            return [], [], q
+        k = min(k, q.shape[-1])
         e = torch.empty_like(q).exponential_(generator=gen)
         top = torch.topk(torch.where(q > 0, q / e, -1.0), k).indices   # q / e can underflow to 0
         rows, cols = torch.ones(k, k, dtype=torch.bool, device=q.device).tril(-1).nonzero(as_tuple=True)
         w = q.expand(k, -1).clone()                      # row i: q without the draws before the i-th
         w[rows, top[cols]] = 0.0
         scores = torch.log((w * q).sum(-1) / w.sum(-1))
-        out = torch.cat([top.to(scores.dtype), scores]).tolist()          # the one host read
-        toks, scores = [int(t) for t in out[:k]], out[k:]
+        out = torch.cat([top.to(scores.dtype), scores, q[top]]).tolist()   # the one host read
+        n = sum(x > 0 for x in out[2 * k:])              # draws with q > 0 come first (their keys are >= 0)
+        toks, scores = [int(t) for t in out[:n]], out[k:k + n]
         return toks, scores, q
     k = min(k, int(torch.isfinite(z).sum()))     # padded-vocabulary drafts carry -inf columns
     top = torch.topk(z, k)
