@@ -6,7 +6,8 @@ same features of the tiny 4-layer target, both in fp32:
   Speculators' forward gives at its first step (TTT step 0), to 1e-5;
 - a depth-2 tree node (its parent's raw output fed back, the next token, a tree mask) gives the logits of
   Speculators' second step (TTT step 1, teacher-forced) at the same position.
-The slow test retrains the fixture with the recipe and checks its sha256 (deterministic on one machine)."""
+The slow test retrains the fixture with the recipe: close to its weights on any CPU kind, the same bytes on a kind
+whose sha256 is recorded (training is deterministic on one kind, not across kinds)."""
 import hashlib
 import json
 import shutil
@@ -89,12 +90,29 @@ def test_head_forward_equals_speculators_forward(setup):
 
 
 @pytest.mark.slow
-def test_recipe_retrains_the_fixture_bit_for_bit(tmp_path):
-    """The tiny recipe (make eagle3-head-tiny) end to end: ~1.5 min on 2 cores; the same sha256 as the fixture's
-    (the training is deterministic on one machine; another CPU kind may round differently: then retrain the fixture
-    there and say so)."""
+def test_recipe_retrains_the_fixture(tmp_path):
+    """The tiny recipe (make eagle3-head-tiny) end to end, ~1.5 min on 2 cores. Training is deterministic on one CPU
+    kind but not across kinds (matmul blocking and rounding differ), so:
+    - on a kind with a recorded sha256 (sha256_by_cpu.json), the same bytes;
+    - on every kind, each weight within 3e-2 of the fixture's in relative Frobenius norm. Measured: another kind's
+      retrain is 8.4e-3 from the fixture (the AVX512_BF16 EPYC against the fixture's machine; 8.7e-3 with
+      ATEN_CPU_CAPABILITY=avx2), while the same recipe with lr 1.1e-3 instead of 1e-3 is 9.4e-2 from it."""
+    from safetensors.torch import load_file
+
+    from mars_bench.report.frames import machine_kind
     from mars_bench.run.eagle3_recipe import RECIPES, run
+    from mars_bench.store.provenance import machine
 
     head = run(RECIPES["tiny"](str(tmp_path)))
-    got = hashlib.sha256((head / "model.safetensors").read_bytes()).hexdigest()
-    assert got == (FIXTURE / "head.sha256").read_text().split()[0]
+    got, want = load_file(str(head / "model.safetensors")), load_file(str(FIXTURE / "model.safetensors"))
+    assert sorted(got) == sorted(want)
+    for name, w in want.items():
+        if not w.is_floating_point():
+            assert torch.equal(got[name], w), name
+            continue
+        rel = ((got[name].float() - w.float()).norm() / w.float().norm()).item()
+        assert rel <= 3e-2, f"{name}: {rel:.2e} from the fixture"
+    kind = machine_kind(machine())
+    recorded = json.loads((FIXTURE / "sha256_by_cpu.json").read_text()).get(kind)
+    if recorded is not None:
+        assert hashlib.sha256((head / "model.safetensors").read_bytes()).hexdigest() == recorded, kind
