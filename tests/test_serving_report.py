@@ -145,3 +145,40 @@ def test_exact_alone_or_mars_without_exact_renders():
     assert serving.ratio_text(only_exact.iloc[0]) == "-" and "| sd " in serving.render(only_exact)
     alone = serving.rows([run_of("mars", 0, 1.6, MARS_OK[0])]).iloc[0]
     assert alone["vs_exact_n"] == 0 and serving.ratio_text(alone) == "-" and alone["identical_to_exact"] is None
+
+
+def test_a_corpus_metric_is_each_rounds_own_paired_bootstrap_from_its_summary():
+    """BLEU has no per-prompt score to pool over rounds: the row carries each round's sacrebleu estimate and paired
+    test (the runner's summary.json, made with the references), once where the rounds agree, per round where not."""
+    from sacrebleu.metrics import BLEU
+
+    from mars_bench import stats as S
+
+    refs = [f"the cat sat on mat number {i} today" for i in range(12)]
+    exact_h = [f"the cat sat on the mat number {i} today" for i in range(12)]
+    mars_h = [[f"a cat sat on mat number {i} today" if i < 6 + s else exact_h[i] for i in range(12)] for s in range(2)]
+    bleu = {"bleu": {"higher": True, "test": "corpus_bleu", "per_sample": "hypothesis"}}
+    st = S.StatsSettings(n_boot=200)
+
+    def served(rule, seed, hyps):
+        stats = {"quality": {"bleu": S.corpus_ci(hyps, refs, st)["bleu"]}}
+        if rule == "mars":
+            stats["quality_vs_sd"] = {"bleu": S.corpus_delta(hyps, exact_h, refs, st)["bleu"]}
+        recs = [{"id": f"p{i}", "n_relaxed": 0, "score": {"hypothesis": h},
+                 "turns": [{"new_tokens": 10, "proposed": [2], "accepted": [1], "output_ids": [i],
+                            "ttft_s": 0.01, "tpot_s": 0.002, "itl_s": [0.003]}]} for i, h in enumerate(hyps)]
+        return serving.ServedRun(spec(rule, seed), recs, {"metric_specs": bleu, "stats": stats}, [],
+                                 Path(f"/r/{rule}{seed}"), "wmt19_zh_en-v2", "tiny")
+
+    rounds = [served("exact", s, exact_h) for s in range(2)] + [served("mars", s, mars_h[s]) for s in range(2)]
+    df = serving.rows(rounds, st)
+    exact, mars = df.iloc[0], df.iloc[1]
+    want = [BLEU().corpus_score(h, [refs]).score for h in mars_h]
+    assert [e["value"] for e in mars["quality"]["bleu"]["per_round"]] == pytest.approx(want)
+    deltas = [t["delta"] for t in mars["quality_vs_exact"]["bleu"]["per_round"]]
+    assert deltas == pytest.approx([w - BLEU().corpus_score(exact_h, [refs]).score for w in want])
+    text = serving.quality_text(mars["quality"], mars["quality_vs_exact"])
+    assert text.startswith("round 1: bleu ") and "; round 2: bleu " in text and text.count("Δ") == 2
+    same = serving.quality_text(exact["quality"], exact["quality_vs_exact"])
+    assert same.endswith(", each of 2 rounds") and same.count("bleu") == 1 and "Δ" not in same
+    assert serving.point(mars["quality"]["bleu"]) == pytest.approx(np.mean(want))

@@ -1,11 +1,11 @@
 """Engines: what decodes a job's samples. ``native`` is this package's own loop (``decode/``, run by
-``runner.NativeModels``); every other engine is one module here, named as its ``conf/engine/<name>.yaml``: ``vllm``
-hands the samples to vLLM's offline ``LLM`` (``vllm.py``), with the rule registry inside vLLM's verification
-(``vllm_plugin.py``, ``verify.py``); everything that depends on vLLM's version is in ``vllm_compat.py``.
-docs/vllm.md.
+``runner.NativeModels``); every other engine is one package here, named as its ``conf/engine/<name>.yaml``:
+``vllm/`` (vLLM's offline ``LLM`` or ``vllm serve``, the rule registry inside vLLM's verification, everything that
+depends on vLLM's version in ``vllm/compat.py``; docs/vllm.md) and ``llamacpp/`` (llama.cpp's binding: ar and its own
+speculative decoding; docs/llamacpp.md).
 
-A new engine = ``engines/<name>.py`` + ``conf/engine/<name>.yaml`` + tests: the engines are the YAML files of
-``conf/engine/``, and the module of one provides
+A new engine = ``engines/<name>/`` + ``conf/engine/<name>.yaml`` + tests: the engines are the YAML files of
+``conf/engine/``, and the package of one provides
 
     check(cfg, method) -> str    what it cannot run of the job's config and its resolved ``Method``, refused in
                                  one line (ValueError), before any model loads; returns the engine's version

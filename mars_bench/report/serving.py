@@ -13,7 +13,8 @@ the samples sent together, ``batch_size`` in flight). Uncertainty (``mars_bench.
 mean over rounds of mars / exact output tokens/s (both rules of a round on the same prompts through one server) with
 the t-interval of the per-round log ratios (``log_ratio_t_ci``: the requests of a call share its wall time, so the
 round, not the request, is the unit); quality is each prompt's score averaged over rounds, its CI a bootstrap over
-prompts (``mean_ci``), the delta a paired bootstrap over prompts (``mean_delta``). Reads results files only.
+prompts (``mean_ci``), the delta a paired bootstrap over prompts (``mean_delta``); a corpus metric (BLEU, chrF) is
+each round's own, with sacrebleu's bootstrap over prompts (the runner's summary.json). Reads results files only.
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ PERCENTILES = (50, 90, 99)
 CAPTION = ("x exact: mars / exact output tokens/s, geometric mean over the rounds (both rules of a round on the same "
            "prompts through one server, which goes first alternating) with the 95% t-interval of the per-round log "
            "ratios (n = rounds); n/a with one round. Quality: each prompt's score averaged over rounds, 95% CI by "
-           "bootstrap over prompts; Δ: paired bootstrap over prompts (mars - exact), its 95% CI and p. Acceptance, "
+           "bootstrap over prompts; Δ: paired bootstrap over prompts (mars - exact), its 95% CI and p; a corpus metric "
+           "(BLEU, chrF) per round, each with sacrebleu's paired bootstrap over prompts. Acceptance, "
            "relaxations, identical outputs and the latency percentiles: pooled over rounds.")
 
 
@@ -125,16 +127,23 @@ def prompt_scores(runs: list[ServedRun], metric: Paired) -> dict:
     return {i: float(np.mean(v)) for i, v in by.items()}
 
 
+def _round_tests(runs: list[ServedRun], block: str, name: str) -> list[dict | None]:
+    """Each round's (run's) ``stats[block][name]`` from its summary.json, in seed order (None where absent)."""
+    return [((r.summary.get("stats") or {}).get(block) or {}).get(name) for r in sorted(runs, key=lambda r: r.spec.seed)]
+
+
 def quality(runs: list[ServedRun], exact: list[ServedRun], settings: S.StatsSettings) -> tuple[dict, dict]:
-    """(metric -> estimate over prompts, metric -> paired test against ``exact``'s runs); a corpus metric (BLEU,
-    chrF) has no per-prompt score: its summary values' mean over rounds, no interval."""
+    """(metric -> estimate over prompts, metric -> paired test against ``exact``'s runs). A corpus metric (BLEU,
+    chrF) has no per-prompt score to pool: its estimate and its paired test are each round's own, from the round's
+    summary.json (sacrebleu's bootstrap over prompts, made by the runner with the task's references), as a list
+    (``per_round``: one entry per round, in seed order)."""
     own, vs = {}, {}
     for name, m in metrics_of(runs).items():
         if m.corpus:
-            vals = [r.summary["quality"][name] for r in runs if isinstance((r.summary.get("quality") or {}).get(name),
-                                                                           (int, float))]
-            own[name] = {"value": float(np.mean(vals)) if vals else None, "lo": None, "hi": None, "n": len(vals),
-                         "method": "corpus metric: mean over rounds", "note": "no per-prompt score, no interval"}
+            own[name] = {"per_round": _round_tests(runs, "quality", name)}
+            tests = _round_tests(runs, "quality_vs_sd", name)
+            if any(tests):
+                vs[name] = {"per_round": tests}
             continue
         a = prompt_scores(runs, m)
         own[name] = S.mean_ci(list(a.values()), settings)
@@ -252,16 +261,30 @@ def tokens_text(row) -> str:
     return _num(row["tokens_per_s"]) + (f" ({' / '.join(_num(x) for x in per)})" if len(per) > 1 else "")
 
 
+def _one_quality(name: str, e: dict | None, d: dict | None) -> str:
+    """``metric value [lo, hi]`` with ``(Δ delta [lo, hi] p, n)`` against exact's."""
+    text = f"{name} {_interval(e.get('value'), e.get('lo'), e.get('hi'), 3)}" if e else f"{name} -"
+    if d and d.get("delta") is not None:
+        ci = f"[{d['lo']:+.3f}, {d['hi']:+.3f}] p {_num(d.get('p_value'))}" if _given(d.get("lo")) else "no CI"
+        text += f" (Δ {d['delta']:+.3f} {ci}, n {d['n']})"
+    return text
+
+
 def quality_text(q: dict, vs: dict) -> str:
-    """``metric value [lo, hi]`` per tested metric, with ``(Δ delta [lo, hi] p, n)`` against exact's."""
+    """Per tested metric, pooled over rounds; a corpus metric per round (``quality``), written once with "each of
+    R rounds" where the rounds' texts agree (greedy rounds decode the same outputs), else "round i: ..." each."""
     out = []
     for name, e in (q or {}).items():
-        text = f"{name} {_interval(e['value'], e['lo'], e['hi'], 3)}"
         d = (vs or {}).get(name)
-        if d and d.get("delta") is not None:
-            ci = f"[{d['lo']:+.3f}, {d['hi']:+.3f}] p {_num(d['p_value'])}" if _given(d["lo"]) else "no CI"
-            text += f" (Δ {d['delta']:+.3f} {ci}, n {d['n']})"
-        out.append(text)
+        if "per_round" not in e:
+            out.append(_one_quality(name, e, d))
+            continue
+        tests = (d or {}).get("per_round") or [None] * len(e["per_round"])
+        texts = [_one_quality(name, own, t) for own, t in zip(e["per_round"], tests)]
+        if len(set(texts)) == 1:
+            out.append(texts[0] + (f", each of {len(texts)} rounds" if len(texts) > 1 else ""))
+        else:
+            out.append("; ".join(f"round {i}: {t}" for i, t in enumerate(texts, 1)))
     return "; ".join(out) or "-"
 
 
@@ -297,6 +320,14 @@ def render(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def point(e: dict | None) -> float | None:
+    """An estimate's value; a per-round one (corpus metric): the mean of its rounds' values."""
+    if e and "per_round" in e:
+        vals = [r["value"] for r in e["per_round"] if r and _given(r.get("value"))]
+        return float(np.mean(vals)) if vals else None
+    return (e or {}).get("value")
+
+
 def figure(df: pd.DataFrame, path: Path) -> list[Path]:
     """Output tokens/s (mean over rounds) and the task's first quality metric against concurrency, one line per rule,
     one figure per task, model and settings (``<path stem>__<task>[-<n>].png``); returns the files written."""
@@ -313,8 +344,7 @@ def figure(df: pd.DataFrame, path: Path) -> list[Path]:
             label = head if theta < 0 else f"{head} θ {theta:g}"
             axes[0, 0].plot(r["concurrency"], r["tokens_per_s"], marker="o", label=label)
             if metric:
-                axes[0, 1].plot(r["concurrency"], [(q.get(metric) or {}).get("value") for q in r["quality"]],
-                                marker="o", label=label)
+                axes[0, 1].plot(r["concurrency"], [point(q.get(metric)) for q in r["quality"]], marker="o", label=label)
         axes[0, 0].set(xscale="log", xlabel="concurrency (requests in flight)", ylabel="output tokens/s",
                        title=f"{task}: throughput")
         if metric:
