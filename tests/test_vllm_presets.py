@@ -3,6 +3,7 @@
 loaded), and the LLMs the command holds at once fit 80 GB GPUs at the preset's tensor-parallel size: bf16 weights
 per GPU (public parameter counts) within 90% of each LLM's share of ``engine.gpu_memory_utilization``
 (``engines.vllm.MemoryShare``), the rest left to activations and the KV cache. Default tier, no vLLM."""
+import re
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -25,7 +26,8 @@ PARAMS_B = {"Qwen/Qwen3-32B": 32.8, "Qwen/Qwen3-0.6B": 0.6, "meta-llama/Llama-3.
 COMMANDS = {
     "qwen3_0.6b_32b": (["+experiment=qwen3_gsm8k_table"], None, 2),
     "llama31_8b_70b": (["+experiment=llama31_humaneval_table"], None, 2),
-    "qwen3_235b_a22b": (["model=qwen3_235b_a22b", "task=gsm8k", "subset=paper", "temperature=1", "method=eagle3"],
+    "qwen3_235b_a22b": (["model=qwen3_235b_a22b", "task=gsm8k", "subset=paper", "temperature=1", "method=eagle3",
+                                            "method.top_k=1", "method.depth=3"],
                         [["method=eagle3"], ["method=eagle3_mars"]], 1),
 }
 
@@ -65,3 +67,22 @@ def test_the_235b_preset_names_its_eagle3_head(hydra_ctx):
     cfg = compose("config", overrides=["model=qwen3_235b_a22b", "method=eagle3"])
     assert cfg.model.target == "Qwen/Qwen3-235B-A22B" and cfg.model.eagle3 == "lmsys/Qwen3-235B-A22B-EAGLE3"
     assert cfg.model.draft is None and cfg.model.enable_thinking is False
+
+
+def test_eagle3_on_vllm_is_the_chain_its_tree_knobs_name_and_a_tree_is_refused(hydra_ctx, monkeypatch):
+    """vLLM drafts an EAGLE-3 chain: top_k 1 gives depth + 1 drafts (cut at total_tokens - 1, as the native engine
+    reads the knobs), so the spec's tree d<depth>-w1-t<total> names what ran; a tree is refused in one line."""
+    from mars_bench.base.errors import ConfigError
+
+    monkeypatch.setattr(vllm_compat, "installed_version", lambda: "0.32.0")
+    base = ["model=qwen3_235b_a22b", "engine=vllm", "method=eagle3", "method.top_k=1"]
+    for knobs, drafts in ((["method.depth=3"], 4), (["method.depth=5", "method.total_tokens=4"], 3)):
+        v = compose("config", overrides=[*base, *knobs])
+        engines.validate(v, validate(v))
+        assert vllm.speculative_config(method_of(v), v.model, None)["num_speculative_tokens"] == drafts
+    for knob, says in (("method.top_k=4", "method.top_k=4 (an EAGLE-3 tree) cannot run on engine=vllm"),
+                       ("method.static_paths=[[0],[0,0]]", "method.static_paths (an EAGLE-3 tree)")):
+        v = compose("config", overrides=[*base, knob])
+        with pytest.raises(ConfigError, match=re.escape(says)) as err:
+            engines.validate(v, validate(v))
+        assert "\n" not in str(err.value) and "allowed: method.top_k=1" in str(err.value)

@@ -43,7 +43,8 @@ def tiny_config(vocab_size: int, seed_layers: int = 2):
 def tiny_shaped_config(vocab_size: int, shape: dict):
     """The tiny pair's config reshaped by ``shape`` (config attributes, e.g. the head size an engine's attention
     takes: an engine's ``engine.tiny_shape``, conf/engine/<name>.yaml)."""
-    c = tiny_config(vocab_size)
+    shape = dict(shape)
+    c = tiny_config(vocab_size, seed_layers=shape.pop("num_hidden_layers", 2))   # sizes its per-layer lists
     for key, value in shape.items():
         setattr(c, key, value)
     return c

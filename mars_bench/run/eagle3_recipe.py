@@ -198,11 +198,22 @@ def tiny_target(path: Path, seed: int = 0, layers: int = 4) -> Path:
     return path
 
 
+def tiny_vllm_target(work: Path) -> Path:
+    """engine=vllm's tiny target (``engines.vllm.engine.tiny_dirs``, ``engine.tiny_shape``) with 4 layers, saved under
+    ``work``: the same weights on every machine (seeded)."""
+    from mars_bench.engines.vllm.engine import TINY_SHAPE, tiny_dirs
+
+    return Path(tiny_dirs(root=str(work), shape={**TINY_SHAPE, "num_hidden_layers": 4})[0])
+
+
 RECIPES = {
     # the test fixture's head (tests/fixtures/eagle3_tiny): ~1.5 min on 2 cores; corpus from torch's sources
     # (pinned by the project: the same windows on every machine)
     "tiny": lambda work: Recipe(str(tiny_target(Path(work) / "target")), work, layer_ids=(1, 2, 3),
                                 packages=("torch",)),
+    # the same for the tiny pair in vLLM's shape with 4 layers (head size 32: vLLM's CPU attention takes no 16), the
+    # head of the vLLM EAGLE-3 parity test (tests/fixtures/eagle3_tiny_vllm, tests/test_vllm_eagle3.py)
+    "tiny-vllm": lambda work: Recipe(str(tiny_vllm_target(Path(work))), work, layer_ids=(1, 2, 3), packages=("torch",)),
     # the embedded pair's target, Qwen2.5-Coder-1.5B (28 layers: EAGLE's ids 2, 14, 25), bf16: 512k tokens (~6 GB of
     # features, ~1.6-3 h at 47-88 tokens/s), 2 epochs (~4-5 h at 7-9 s per 512-token step); draft vocabulary 16k
     # (the corpus's frequent tokens; Qwen's 152k vocabulary, 32k in published heads trained on 10^7+ tokens)

@@ -57,6 +57,8 @@ def check(cfg, m) -> str:
     if m.name not in SCHEMES:
         raise ValueError(f"method={cfg.method.name} (draft trees) cannot run on engine=vllm; allowed: ar, sd, mars, "
                          "lookup, eagle3, eagle3_mars (vLLM verifies chains)")
+    if m.name == "eagle3":
+        eagle3_chain(m)
     if m.speculative:
         verify.check_rule(m.rule, m.rule_kwargs)
         vllm_compat.runner(version, cfg.model.device == "cpu", float(cfg.temperature) == 0, m.rule != "exact")
@@ -148,8 +150,21 @@ def speculative_config(method, mcfg, draft_dir) -> dict | None:
         return {"method": "ngram", "num_speculative_tokens": method.k,
                 "prompt_lookup_max": int(method.options["max_ngram"]), "prompt_lookup_min": int(method.options["min_ngram"])}
     if method.name == "eagle3":
-        return {"method": "eagle3", "model": mcfg.eagle3, "num_speculative_tokens": method.k}
+        return {"method": "eagle3", "model": mcfg.eagle3, "num_speculative_tokens": eagle3_chain(method)}
     return None
+
+
+def eagle3_chain(method) -> int:
+    """The drafts per step of an EAGLE-3 chain as the native engine reads the tree knobs (method.top_k 1: one child
+    per node, ``depth`` + 1 levels, cut at ``total_tokens`` - 1 drafts), so that the run's spec (its tree
+    ``d<depth>-w1-t<total>``) names what vLLM ran; vLLM verifies chains, so a tree (top_k > 1, static paths) is
+    refused in one line (ValueError)."""
+    t = method.tree
+    if t.get("static_paths") is not None or t["top_k"] != 1:
+        what = "method.static_paths" if t.get("static_paths") is not None else f"method.top_k={t['top_k']}"
+        raise ValueError(f"{what} (an EAGLE-3 tree) cannot run on engine=vllm (vLLM verifies chains); allowed: "
+                         f"method.top_k=1 (a chain of method.depth + 1 drafts, here {t['depth'] + 1})")
+    return min(t["depth"] + 1, t["total_tokens"] - 1)
 
 
 @dataclass(frozen=True)
