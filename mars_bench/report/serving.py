@@ -261,31 +261,38 @@ def tokens_text(row) -> str:
     return _num(row["tokens_per_s"]) + (f" ({' / '.join(_num(x) for x in per)})" if len(per) > 1 else "")
 
 
-def _one_quality(name: str, e: dict | None, d: dict | None) -> str:
-    """``metric value [lo, hi]`` with ``(Δ delta [lo, hi] p, n)`` against exact's."""
-    text = f"{name} {_interval(e.get('value'), e.get('lo'), e.get('hi'), 3)}" if e else f"{name} -"
-    if d and d.get("delta") is not None:
-        ci = f"[{d['lo']:+.3f}, {d['hi']:+.3f}] p {_num(d.get('p_value'))}" if _given(d.get("lo")) else "no CI"
-        text += f" (Δ {d['delta']:+.3f} {ci}, n {d['n']})"
-    return text
+def _value_text(e: dict | None) -> str:
+    return _interval(e.get("value"), e.get("lo"), e.get("hi"), 3) if e else "-"
 
 
-def quality_text(q: dict, vs: dict) -> str:
-    """Per tested metric, pooled over rounds; a corpus metric per round (``quality``), written once with "each of
-    R rounds" where the rounds' texts agree (greedy rounds decode the same outputs), else "round i: ..." each."""
-    out = []
+def _delta_text(d: dict | None) -> str:
+    """``delta [lo, hi] p`` (``n`` after it) of a paired test against exact; '-' where there is none."""
+    if not d or d.get("delta") is None:
+        return "-"
+    ci = f"[{d['lo']:+.3f}, {d['hi']:+.3f}], p {_num(d.get('p_value'))}" if _given(d.get("lo")) else "no CI"
+    return f"{d['delta']:+.3f} {ci}, n {d['n']}"
+
+
+def _rounds_text(texts: list[str]) -> str:
+    """One text where the rounds agree (greedy rounds decode the same outputs), else 'r1: ... / r2: ...'."""
+    if len(set(texts)) <= 1:
+        return texts[0] if texts else "-"
+    return " / ".join(f"r{i}: {t}" for i, t in enumerate(texts, 1))
+
+
+def quality_cells(q: dict, vs: dict) -> dict[str, tuple[str, str]]:
+    """Metric -> (its estimate, its Δ against exact) as table cells: pooled over rounds; a corpus metric (``quality``:
+    ``per_round``) written once where its rounds agree, else per round."""
+    out = {}
     for name, e in (q or {}).items():
         d = (vs or {}).get(name)
         if "per_round" not in e:
-            out.append(_one_quality(name, e, d))
+            out[name] = (_value_text(e), _delta_text(d))
             continue
         tests = (d or {}).get("per_round") or [None] * len(e["per_round"])
-        texts = [_one_quality(name, own, t) for own, t in zip(e["per_round"], tests)]
-        if len(set(texts)) == 1:
-            out.append(texts[0] + (f", each of {len(texts)} rounds" if len(texts) > 1 else ""))
-        else:
-            out.append("; ".join(f"round {i}: {t}" for i, t in enumerate(texts, 1)))
-    return "; ".join(out) or "-"
+        out[name] = (_rounds_text([_value_text(x) for x in e["per_round"]]),
+                     _rounds_text([_delta_text(t) for t in tests]))
+    return out
 
 
 def _label(r) -> str:
@@ -307,14 +314,20 @@ def render(df: pd.DataFrame) -> str:
             f"accepted at position 1-{k} (records)": [" / ".join(_num(x) for x in p) for p in g["positions"]],
             "(/metrics)": [" / ".join(_num(x) for x in p) for p in g["positions_metrics"]],
             "relaxed": g["relaxed"],
-            "identical to exact": [r["identical_to_exact"] if _given(r["identical_to_exact"]) else "-" for r in rs],
-            "quality [95% CI] (Δ vs exact [95% CI], p, n)": [quality_text(r["quality"], r["quality_vs_exact"])
-                                                             for r in rs]})
+            "identical to exact": [r["identical_to_exact"] if _given(r["identical_to_exact"]) else "-" for r in rs]})
+        cells = [quality_cells(r["quality"], r["quality_vs_exact"]) for r in rs]
+        names = list(dict.fromkeys(m for c in cells for m in c))
+        quality = pd.DataFrame({"concurrency": g["concurrency"], "rule": [_label(r) for r in rs],
+                                **{col: [c.get(m, ("-", "-"))[j] for c in cells] for m in names
+                                   for j, col in enumerate((f"{m} [95% CI]", f"Δ {m} vs exact [95% CI], p, n"))}})
         lat = pd.DataFrame({"concurrency": g["concurrency"], "rule": [_label(r) for r in rs],
                             **{f"{m.upper()} p{p} (ms)": g[f"{m}_p{p}_ms"].map(_num) for m in ("ttft", "tpot", "itl")
                                for p in PERCENTILES}})
         lines += [f"## {task}, {model} ({settings})", "", CAPTION, "",
                   main.to_markdown(index=False, disable_numparse=True), "",
+                  "Quality of the served outputs (the task's metrics; a corpus metric such as BLEU per round, written "
+                  "once where the rounds agree):", "",
+                  quality.to_markdown(index=False, disable_numparse=True), "",
                   "Latency (per request, pooled over rounds; ITL over every gap between streamed chunks):", "",
                   lat.to_markdown(index=False, disable_numparse=True), ""]
     return "\n".join(lines)

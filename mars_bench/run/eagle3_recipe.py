@@ -199,11 +199,25 @@ def tiny_target(path: Path, seed: int = 0, layers: int = 4) -> Path:
 
 
 def tiny_vllm_target(work: Path) -> Path:
-    """engine=vllm's tiny target (``engines.vllm.engine.tiny_dirs``, ``engine.tiny_shape``) with 4 layers, saved under
-    ``work``: the same weights on every machine (seeded)."""
+    """engine=vllm's tiny target (``engines.vllm.engine.tiny_dirs``: ``engine.tiny_shape``, seeded, the same weights on
+    every machine) with 4 layers, the last one passing its input through (its o_proj and down_proj zero), saved as
+    ``work/target``: its next token is then a function of the features the head sees (hidden states 1-3)."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
     from mars_bench.engines.vllm.engine import TINY_SHAPE, tiny_dirs
 
-    return Path(tiny_dirs(root=str(work), shape={**TINY_SHAPE, "num_hidden_layers": 4})[0])
+    out = work / "target"
+    if not (out / "config.json").exists():
+        src = tiny_dirs(root=str(work / "cache"), shape={**TINY_SHAPE, "num_hidden_layers": 4})[0]
+        model = Qwen2ForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+        last = model.model.layers[-1]
+        with torch.no_grad():
+            last.self_attn.o_proj.weight.zero_()
+            last.mlp.down_proj.weight.zero_()
+        model.save_pretrained(out)
+        AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    return out
 
 
 RECIPES = {

@@ -104,12 +104,25 @@ COMMON_SYMBOLS = (
       "logits_processors")),
     ("vllm/sampling_params.py", "SamplingParams", (), (), ("extra_args", "seed", "temperature", "top_p")),
 )
+# what the serving client (client.py) sends and reads, and the server flags serve.py passes (EngineArgs' fields)
+SERVE_SYMBOLS = (
+    ("vllm/entrypoints/openai/completion/protocol.py", "CompletionRequest", (), (),
+     ("vllm_xargs", "return_token_ids", "stream_options", "include_stop_str_in_output", "skip_special_tokens")),
+    ("vllm/entrypoints/openai/completion/protocol.py", "CompletionResponseStreamChoice", (), (),
+     ("token_ids", "finish_reason")),
+    ("vllm/entrypoints/openai/completion/protocol.py", "CompletionStreamResponse", (), (), ("metrics", "usage")),
+    ("vllm/entrypoints/generate/base/protocol.py", "StreamOptions", (), (), ("include_usage",)),
+    ("vllm/entrypoints/generate/base/protocol.py", "PerRequestMetrics", (), (), ("speculative_decoding",)),
+    ("vllm/entrypoints/generate/base/protocol.py", "SpeculativeDecodingMetrics", (), (),
+     ("per_step_accepted", "per_step_drafted")),
+    ("vllm/engine/arg_utils.py", "EngineArgs", (), (), ("generation_config", "enable_prefix_caching")),
+)
 
 
 def symbols(series: str) -> tuple:
     """Every vLLM symbol this package touches in a release (``SYMBOLS`` of its runners)."""
     r = RELEASES[series]
-    return COMMON_SYMBOLS + V2_SYMBOLS + ((V1_SYMBOLS + (FLY_SYMBOLS if r.fly_kwargs else ())) if r.has_v1 else ())
+    return COMMON_SYMBOLS + SERVE_SYMBOLS + V2_SYMBOLS + ((V1_SYMBOLS + (FLY_SYMBOLS if r.fly_kwargs else ())) if r.has_v1 else ())
 
 
 def release(version: str) -> Release:
