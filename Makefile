@@ -138,7 +138,7 @@ setup-vllm:
 # vllm serve with the harness's client (tiny pair, concurrency 1 and 4), and the bench script's tables (~4.5 min on
 # 2 cores).
 test-vllm: setup-vllm
-	$(VLLM_BIN)/python -m pytest -q -m vllm tests/test_vllm_kernel.py tests/test_vllm_engine.py tests/test_vllm_serve.py
+	$(VLLM_BIN)/python -m pytest -q -m vllm tests/test_vllm_kernel.py tests/test_vllm_engine.py tests/test_vllm_serve.py tests/test_vllm_eagle3.py
 	$(VLLM_BIN)/python -m pytest -q tests/test_bench_vllm.py tests/test_vllm_identity.py
 
 # vLLM's throughput (scripts/bench_vllm.py): mars (theta 0.9) vs exact inside vLLM at concurrency 1, 4, 16 and
