@@ -93,5 +93,6 @@ def test_vllm_and_native_eagle3_decode_the_same_tokens_and_both_accept_the_heads
         steps = [(p, a) for r in recs.values() for p, a in zip(r["turns"][0]["proposed"], r["turns"][0]["accepted"])
                  if p > 0]                                   # verification steps (vLLM also lists its prefill: 0 drafts)
         mean = sum(a for _, a in steps) / len(steps)
-        print(f"{name} eagle3, {N} prompts x {MAX_NEW} tokens: {len(steps)} verification steps, mean accepted {mean:.2f}")
+        print(f"{name} eagle3, {N} prompts x {MAX_NEW} tokens: {len(steps)} verification steps, "
+              f"mean accepted {mean:.2f}")
         assert all(p <= 3 for p, _ in steps) and mean >= 0.5, name   # the native chain is cut at the budget

@@ -129,7 +129,8 @@ def prompt_scores(runs: list[ServedRun], metric: Paired) -> dict:
 
 def _round_tests(runs: list[ServedRun], block: str, name: str) -> list[dict | None]:
     """Each round's (run's) ``stats[block][name]`` from its summary.json, in seed order (None where absent)."""
-    return [((r.summary.get("stats") or {}).get(block) or {}).get(name) for r in sorted(runs, key=lambda r: r.spec.seed)]
+    return [((r.summary.get("stats") or {}).get(block) or {}).get(name)
+            for r in sorted(runs, key=lambda r: r.spec.seed)]
 
 
 def quality(runs: list[ServedRun], exact: list[ServedRun], settings: S.StatsSettings) -> tuple[dict, dict]:

@@ -213,7 +213,6 @@ def tiny_vllm_target(work: Path) -> Path:
     of the vLLM parity test are not all zero. A random 4-layer target, or one with only its last layer passing
     through, gave heads right 6-11% of the time (nearly every step accepted nothing), and a bigram target trained on
     torch's sources never saw the successors of the bytes its greedy outputs cycle through."""
-    import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
     from mars_bench.engines.vllm.engine import TINY_SHAPE, tiny_dirs

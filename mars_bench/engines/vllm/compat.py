@@ -122,7 +122,8 @@ SERVE_SYMBOLS = (
 def symbols(series: str) -> tuple:
     """Every vLLM symbol this package touches in a release (``SYMBOLS`` of its runners)."""
     r = RELEASES[series]
-    return COMMON_SYMBOLS + SERVE_SYMBOLS + V2_SYMBOLS + ((V1_SYMBOLS + (FLY_SYMBOLS if r.fly_kwargs else ())) if r.has_v1 else ())
+    v1 = (V1_SYMBOLS + (FLY_SYMBOLS if r.fly_kwargs else ())) if r.has_v1 else ()
+    return COMMON_SYMBOLS + SERVE_SYMBOLS + V2_SYMBOLS + v1
 
 
 def release(version: str) -> Release:
