@@ -21,16 +21,17 @@ def test_an_adapter_with_neither_switch_runs_every_forward_eager(batched, width,
     assert choose(adapter(), width, n, batched=batched, hidden_states=hidden, chain=chain) is EAGER
 
 
-def test_the_fused_path_takes_chains_after_a_prefill_and_batches_without_hidden_states():
+def test_the_fused_path_takes_chains_after_a_prefill_and_batches_with_or_without_hidden_states():
     a = adapter(fused=True)
     assert choose(a, 12, 1, batched=False) is FUSED
     assert choose(a, 12, FUSED_MAX, batched=False) is FUSED
     assert choose(a, 12, FUSED_MAX + 1, batched=False) is EAGER        # too many tokens for one fused call
     assert choose(a, 0, 5, batched=False) is EAGER                     # a prefill
     assert choose(a, 12, 3, batched=False, chain=False) is EAGER       # a tree's mask, or no logits
-    assert choose(a, 12, 3, batched=False, hidden_states=True) is EAGER
+    assert choose(a, 12, 3, batched=False, hidden_states=True) is FUSED     # an EAGLE-3 target's verification
     assert choose(a, 12, FUSED_MAX + 1, batched=True) is FUSED         # a batch: any count, trees included
-    assert choose(a, 12, 3, batched=True, hidden_states=True) is EAGER
+    assert choose(a, 12, 3, batched=True, hidden_states=True) is FUSED
+    assert choose(a, 0, 5, batched=False, hidden_states=True) is EAGER      # a prefill's features
     assert choose(a, 0, 3, batched=True) is EAGER                      # every row empty
 
 
@@ -47,5 +48,6 @@ def test_the_fused_path_comes_before_fixed_shapes():
     a = adapter(fused=True, fixed=True)
     assert choose(a, 12, 3, batched=False) is FUSED
     assert choose(a, 12, 3, batched=True) is FUSED
-    assert choose(a, 12, 3, batched=False, hidden_states=True) is FIXED
-    assert choose(a, 12, 3, batched=True, hidden_states=True) is FIXED
+    assert choose(a, 12, 3, batched=False, hidden_states=True) is FUSED
+    assert choose(a, 12, 3, batched=True, hidden_states=True) is FUSED
+    assert choose(a, 12, 3, batched=False, hidden_states=True, chain=False) is FIXED   # a tree's mask

@@ -11,9 +11,10 @@ lookup, rotary angles, final norm and LM head stay in torch.
 
 Scope: Qwen2 / Llama decoders, full attention, SiLU MLP, whose linear layers are all ``QuantLinear``
 (``model.draft_quant=q4|q8``) or bf16 ``PanelLinear`` (the CPU fast path, ``model.dtype=bf16``); the adapter's
-batched forwards without hidden states (chains and draft trees, any batch size) and single-sequence chain forwards of up to
-``models.forward.FUSED_MAX`` tokens after a prefill. Prefills, hidden-state forwards (EAGLE) and single-sequence forwards
-with a mask keep the transformers path. Each token is computed from its own inputs and keys only (row-invariant
+batched forwards (chains and draft trees, any batch size) and single-sequence chain forwards of up to
+``models.forward.FUSED_MAX`` tokens after a prefill, with the per-layer hidden states where asked (an EAGLE-3 target:
+so its verification scores exactly as ar's forwards do and greedy EAGLE-3 stays ar's tokens). Prefills and
+single-sequence forwards with a mask keep the transformers path. Each token is computed from its own inputs and keys only (row-invariant
 linears, attention over exactly the cache columns it may see, fixed summation order), so a row's logits do not
 depend on its batch or on how many tokens a forward scores: ar's one-token forwards and a verification's k + 1
 give the same logits for the same prefix, and greedy sd stays token-identical to ar. The arithmetic differs from
@@ -99,13 +100,14 @@ class FusedDecoder:
 
     @torch.inference_mode()
     def forward(self, cache, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                keys: torch.Tensor, key_off: torch.Tensor, batch: int, width: int) -> torch.Tensor:
+                keys: torch.Tensor, key_off: torch.Tensor, batch: int, width: int, hidden_states: bool = False):
         """Raw logits [M, vocab] of M new tokens: token m at position ``pos[m]`` of row ``rows[m]`` (of the
         cache's ``batch`` rows), its keys and values written to cache column ``cols[m]`` (< ``width``), and
         attending to the columns ``keys[key_off[m]:key_off[m + 1]]`` (its own included). The cache layers then
         show ``width`` columns (``GrowingLayer.hold`` / ``show``: the buffer grows only past its capacity);
         columns no token writes keep what they held (zeros or a dropped token's finite values, never attended
-        by a row that does not hold them)."""
+        by a row that does not hold them). ``hidden_states``: (logits, hidden states) with transformers' layout,
+        [M, hidden] each: the embeddings, every layer's output, the last one after the final norm."""
         inner, m = self.model.model, ids.numel()
         x = inner.embed_tokens(ids).float().reshape(m, self.hidden).contiguous()
         cos, sin = inner.rotary_emb(x[None], pos[None])
@@ -114,6 +116,7 @@ class FusedDecoder:
         keys_i, off_i = keys.to(torch.int32).contiguous(), key_off.to(torch.int32).contiguous()
         threads = torch.get_num_threads()
         like = x.new_empty(batch, self.kv_heads, 0, self.head_dim)
+        hs = [x.clone()] if hidden_states else None
         for layer, ((ln1, ln2), fn, w, b, _) in zip(cache.layers, self.layers):
             layer.hold(like, like, width)
             rc = self.lib.fused_layer_with(fn, m, self.hidden, x.data_ptr(), ln1.data_ptr(), ln2.data_ptr(), self.eps,
@@ -124,4 +127,11 @@ class FusedDecoder:
             if rc != 0:
                 raise MemoryError(f"fused layer failed (code {rc}) for {m} tokens")
             layer.show(width)
-        return self.model.lm_head(inner.norm(x)).float()
+            if hs is not None:
+                hs.append(x.clone())
+        normed = inner.norm(x)
+        z = self.model.lm_head(normed).float()
+        if hs is None:
+            return z
+        hs[-1] = normed
+        return z, tuple(hs)

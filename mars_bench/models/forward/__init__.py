@@ -1,11 +1,11 @@
 """An adapter's forward paths, one module each behind one interface (``path.ForwardPath``), and the one place that
 picks one (``choose``):
 
-- ``eager``: transformers' modules over cache views exactly as wide as the tokens held (prefills, hidden states,
-  single-sequence forwards with a mask, and every forward that neither of the others takes);
+- ``eager``: transformers' modules over cache views exactly as wide as the tokens held (prefills, single-sequence
+  forwards with a mask, and every forward that neither of the others takes);
 - ``fused``: one C call per layer (``models.fused.FusedDecoder``, set as ``adapter.fused`` by the loader where the
   model qualifies): a single sequence's chains of 1 .. FUSED_MAX tokens after a prefill, scored with logits, and
-  batched forwards (chains and trees) without hidden states;
+  batched forwards (chains and trees), with the per-layer hidden states where asked (an EAGLE-3 target);
 - ``fixed``: fixed shapes (``adapter.fixed_shape``, what ``model.capture`` sets): batched forwards and a single
   sequence's forwards of up to FUSED_MAX tokens after a prefill, over power-of-two cache widths, so each shape is
   captured once (CUDA graphs).
@@ -26,7 +26,7 @@ def choose(a, width: int, n: int, batched: bool, hidden_states: bool = False, ch
     """The path of adapter ``a``'s next forward: ``n`` new tokens (a batch: the most a row takes) after ``width``
     cached columns (a batch: its longest row); ``batched``: ``batch_forward`` (else ``forward``); ``chain``: a
     single sequence's chain scored with logits (no attention mask, no position ids)."""
-    if a.fused is not None and width and not hidden_states and (batched or (chain and 0 < n <= FUSED_MAX)):
+    if a.fused is not None and width and (batched or (chain and 0 < n <= FUSED_MAX)):
         return FUSED
     if a.fixed_shape and (batched or (width and n <= FUSED_MAX)):
         return FIXED

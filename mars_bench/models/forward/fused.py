@@ -15,16 +15,18 @@ from mars_bench.models.forward.path import ForwardPath
 
 
 class Fused(ForwardPath):
-    """``a.fused``'s one call per layer: chains of a single sequence, chains and trees of a batch (no hidden
-    states, no prefill: ``models.forward.choose`` sends only those here)."""
+    """``a.fused``'s one call per layer: chains of a single sequence, chains and trees of a batch, with their
+    hidden states where asked (no prefill: ``models.forward.choose`` sends only those here)."""
 
     def forward(self, a, ids, attention_mask, position_ids, logits: bool, hidden_states: bool):
         n, width = ids.shape[1], a.cache_len
         at = torch.arange(width, width + n, device=a.device)
         with a.timed():
-            z = a.fused.forward(a.cache, ids[0], at, torch.zeros_like(at), at, *flat(chain_keys(width, n)),
-                                1, width + n)
-        return a.widen_logits(z)
+            out = a.fused.forward(a.cache, ids[0], at, torch.zeros_like(at), at, *flat(chain_keys(width, n)),
+                                  1, width + n, hidden_states)
+        if not hidden_states:
+            return a.widen_logits(out)
+        return a.widen_logits(out[0]), tuple(h[None] for h in out[1])
 
     def batch_forward(self, a, tokens: list, held: list[int], trees: list | None, hidden_states: bool):
         ids, rows, cols, pos, keys = [], [], [], [], []
@@ -44,14 +46,18 @@ class Fused(ForwardPath):
                 keys += tree_keys(held[b], tree.parents[:len(t)])
         ids, pos, rows, cols = (torch.tensor(x, device=a.device) for x in (ids, pos, rows, cols))
         with a.timed():
-            z = a.fused.forward(a.bcache, ids, pos, rows, cols, *flat(keys), a.batch_rows, max(a.blens))
+            out = a.fused.forward(a.bcache, ids, pos, rows, cols, *flat(keys), a.batch_rows, max(a.blens),
+                                  hidden_states)
         a.show_batch()
+        z, hs = out if hidden_states else (out, None)
         z = a.widen_logits(z)
-        parts, at = [], 0
+        parts, states, at = [], [], 0
         for t in tokens:
             parts.append(z[at:at + len(t)])
+            if hs is not None:
+                states.append(tuple(h[None, at:at + len(t)] for h in hs))
             at += len(t)
-        return parts
+        return (parts, states) if hidden_states else parts
 
 
 def chain_keys(length: int, n: int) -> list[torch.Tensor]:
