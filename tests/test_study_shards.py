@@ -191,7 +191,7 @@ def test_a_dirty_tree_is_refused_unless_allowed(monkeypatch, capsys):
 
 def test_every_shard_fits_two_hours_on_the_machine_that_timed_the_study():
     assert set(S.SHARDS) == {"wmt19", "gsm8k", "humaneval", "mt_bench", "alpaca", "cnn_dm", "trees",
-                             "gsm8k_t1", "humaneval_t1"}
+                             "gsm8k_t1", "humaneval_t1", "eagle3"}
     # the T = 1 shards take longer than a sitting (measured: shards.py), the greedy ones fit one
     assert all(0 < s.est_min <= (300 if n.endswith("_t1") else 120) for n, s in S.SHARDS.items())
     for s in S.SHARDS.values():   # a fixed timed size: which samples are timed never depends on an interruption
@@ -311,3 +311,25 @@ def test_a_pack_written_into_the_checkout_leaves_the_commit_clean(tmp_path):
     assert P.git_commit(tmp_path) == head
     (tmp_path / "code.py").write_text("x = 2\n")
     assert P.git_commit(tmp_path) == head + "+dirty"
+
+
+def test_a_shards_prepare_command_runs_before_its_commands(tmp_path, monkeypatch):
+    """``prepare`` (the eagle3 shard's head recipe) runs first, in run and in retime, and a failing one stops the
+    shard before any decoding (nothing packed)."""
+    calls = []
+
+    def fake(cmd, check, cwd=None):
+        calls.append(cmd[2] if cmd[1] == "-m" else cmd)
+        if cmd[2] == "broken.recipe":
+            raise subprocess.CalledProcessError(1, cmd)
+    monkeypatch.setattr(S.subprocess, "run", fake)
+    shards = {"p": S.Shard((("task=gsm8k",),), 1, "x", ("my.recipe", "--work", "w")),
+              "q": S.Shard((("task=gsm8k",),), 1, "x", ("broken.recipe",))}
+    monkeypatch.setattr("mars_bench.store.pack.pack", lambda tree, out: [])
+    S.run_shard("p", shards, runs=tmp_path / "runs", packs=tmp_path / "packs", parts=tmp_path / "parts")
+    assert calls == ["my.recipe", "mars_bench.cli"]
+    calls.clear()
+    with pytest.raises(subprocess.CalledProcessError):
+        S.run_shard("q", shards, runs=tmp_path / "runs", packs=tmp_path / "packs", parts=tmp_path / "parts")
+    assert calls == ["broken.recipe"] and not (tmp_path / "packs" / "q.tar.xz").exists()
+    assert S.SHARDS["eagle3"].prepare[:2] == ("mars_bench.run.eagle3_recipe", "embedded-sitting")

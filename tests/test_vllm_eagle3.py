@@ -5,8 +5,8 @@ passes its input through, ``eagle3_recipe.tiny_vllm_target``). Marker ``vllm`` (
     .venv-vllm/bin/python -m pytest -m vllm tests/test_vllm_eagle3.py
 Greedy, a chain of 3 drafts (method.top_k 1, depth 2): per prompt, vLLM's eagle3 and the native eagle3 give the same
 tokens as their own engine's ar and as each other (or part at a near-tie of the target), both accepting the head's
-drafts. Their per-step accepted counts are NOT compared: they differ (docs/eagle3.md "vLLM's EAGLE-3 on CPU"; vLLM's
-records open with a prefill step of 0 drafts and its first verified steps accept differently), which is open."""
+drafts; and on vLLM's schedule (its first token from the prefill, drafts from the next step on) the native engine
+accepts the same number of drafts as vLLM at every verification step."""
 import json
 import shutil
 from pathlib import Path
@@ -96,3 +96,45 @@ def test_vllm_and_native_eagle3_decode_the_same_tokens_and_both_accept_the_heads
         print(f"{name} eagle3, {N} prompts x {MAX_NEW} tokens: {len(steps)} verification steps, "
               f"mean accepted {mean:.2f}")
         assert all(p <= 3 for p, _ in steps) and mean >= 0.5, name   # the native chain is cut at the budget
+
+
+def test_per_step_accepted_counts_equal_vllms_on_vllms_schedule(runs):
+    """vLLM takes the first output token from the prefill (its records' first step: 0 drafts) and drafts from the
+    next step on, after that token; the native engine feeds the prompt's last token with its first drafts, so its
+    steps verify tokens 1 .. k where vLLM's first verify tokens 2 .. k + 1: the per-step counts of the two schedules
+    differ from the first step on (docs/eagle3.md). The native engine decoding the prompt followed by vLLM's first
+    token runs vLLM's schedule (its prefill then holds the prompt's features, the head's first root pairs the last
+    prompt position's feature with that token), so there every verification step drafts from the same context as
+    vLLM's and the accepted counts must be equal, step for step. Compared: every prompt whose tokens agree (8 of 8
+    here), the same number of steps, and every step but the last one or two, where the native chain is cut at the
+    budget (vLLM drafts 3 to the end and drops what passes max_tokens). Measured: 8 of 8 prompts, every step equal."""
+    from mars_bench.decode import DecodeConfig, Method
+    from mars_bench.decode.generate import generate
+    from mars_bench.decode.tree import TreeSpec
+
+    from .test_vllm_engine import _prompt
+
+    (v, served), (_, native) = runs[1]["vllm", "eagle3"], runs[1]["native", "eagle3"]
+    target, head, tok = native.pair.target, next(iter(native.heads.values())), native.pair.tokenizer
+    cfg = DecodeConfig(max_new_tokens=MAX_NEW - 1, eos_ids=tuple(native.eos))
+    compared, steps = 0, 0
+    for i, rec in v.items():
+        out = ids(rec)
+        if out != ids(records(runs, "native", "eagle3")[i]):
+            continue
+        turn = rec["turns"][0]
+        assert turn["proposed"][0] == 0 and turn["accepted"][0] == 0      # vLLM's prefill step
+        res = generate(target, head, tok, _prompt(served, rec) + out[:1], Method("eagle3", rule="exact"), cfg,
+                       tree=TreeSpec(depth=2, top_k=1, total_tokens=4))
+        assert res.tokens == out[1:], i
+        want, got = turn["accepted"][1:], list(res.accepted)
+        assert len(want) == len(got) and all(p == 3 for p in turn["proposed"][1:]), (i, turn["proposed"])
+        cut = [j for j, p in enumerate(res.proposed) if p < 3]      # the native chain cut at the budget: its end
+        assert all(j >= len(got) - 2 for j in cut), (i, res.proposed)
+        full = [j for j in range(len(got)) if j not in cut]
+        assert [want[j] for j in full] == [got[j] for j in full], (i, want, got)
+        compared, steps = compared + 1, steps + len(full)
+    print(f"per-step accepted counts on vLLM's schedule: {steps} steps of {compared} prompts equal")
+    assert compared >= N // 2 and steps >= 8 * compared
+    own = records(runs, "native", "eagle3")     # the native engine's own schedule: not vLLM's steps
+    assert any(own[i]["turns"][0]["accepted"] != v[i]["turns"][0]["accepted"][1:] for i in v)

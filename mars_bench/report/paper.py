@@ -60,9 +60,10 @@ def paper_table(runs: pd.DataFrame, theta: float = DEFAULT_THETA) -> Table:
         chosen = pd.concat([at_theta(g, theta) for _, g in chosen.groupby("group", sort=False)])
     by_method: dict[tuple, dict] = {}
     for _, r in chosen.iterrows():
-        key = (r["model_dir"], r["temperature"], r["top_p"], r["seed"], r["label"])
+        key = (r["model_dir"], r["temperature"], r["top_p"], r["max_new_tokens"], r["seed"], r["label"])
         by_method.setdefault(key, {"model": r["model_dir"], "settings": f"T={r['temperature']:g} p={r['top_p']:g} "
-                                   f"seed={r['seed']}", "label": r["label"], "tasks": {}})["tasks"][r["task"]] = r
+                                   f"n≤{r['max_new_tokens']} seed={r['seed']}", "label": r["label"],
+                                   "tasks": {}})["tasks"][r["task"]] = r
     out = []
     for m in by_method.values():
         for formula, sp, tau in FORMULAS:

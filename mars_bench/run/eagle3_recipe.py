@@ -181,10 +181,18 @@ def export(recipe: Recipe, save: Path) -> Path:
 
 
 def run(recipe: Recipe, max_steps: int | None = None) -> Path:
+    """Corpus, features, training and export, each resumed where a previous run stopped; a head already exported
+    with this recipe (its recipe.json equal and its sha256 matching) is kept as it is."""
     from transformers import AutoTokenizer
 
+    head, done = Path(recipe.work) / "head", Path(recipe.work) / "head.sha256"
+    said = dict(dataclasses.asdict(recipe), speculators=SPECULATORS)
+    if max_steps is None and done.is_file() and (head / "model.safetensors").is_file() and \
+            json.loads((Path(recipe.work) / "recipe.json").read_text()) == json.loads(json.dumps(said)) and \
+            hashlib.sha256((head / "model.safetensors").read_bytes()).hexdigest() == done.read_text().split()[0]:
+        return head
     Path(recipe.work).mkdir(parents=True, exist_ok=True)
-    _write_json(Path(recipe.work) / "recipe.json", dict(dataclasses.asdict(recipe), speculators=SPECULATORS))
+    _write_json(Path(recipe.work) / "recipe.json", said)
     windows = corpus(recipe, AutoTokenizer.from_pretrained(recipe.target_dir))
     features(recipe, windows)
     return export(recipe, train(recipe, dataset(recipe, windows), max_steps))

@@ -58,11 +58,17 @@ class Shard:
     commands: tuple[tuple[str, ...], ...]   # mars-bench argument lists, run in order in the shard's tree
     est_min: float                          # expected minutes on the AMX machine (module doc)
     what: str
+    prepare: tuple[str, ...] = ()           # python -m argument list run first (resumable; what the commands read)
 
 
 def _methods(task: str, timed: int, experiment: str = "study_methods") -> tuple[str, ...]:
     return (f"+experiment={experiment}", f"task={task}", f"study.timed_min={timed}", f"study.timed_max={timed}",
             *DRAFT)
+
+
+T1 = ("temperature=1.0", "top_p=1.0", "rule.sampled_top1=margin", "rule.nonpositive_top1=ratio")   # study_t1's
+EAGLE3_TASKS = (("wmt19_zh_en", 16), ("humaneval", 12), ("gsm8k", 12))
+EAGLE3_EST = 60.0
 
 
 # est_min: quality + timed minutes (module doc). WMT19: quality 10.8 (the committed run's 30.7 min less its 11.1
@@ -89,6 +95,17 @@ SHARDS: dict[str, Shard] = {
                       "GSM8K, the first 121, T = 1 chains (their SPD table), seed 0; 8 timed"),
     "humaneval_t1": Shard((_methods("humaneval", 8, "study_t1"),), (363 * 26 / 60 + 2.5 * 5.2 * 2) * 164 / 121,
                           "HumanEval, all 164, T = 1 chains (their SPD table), seed 0; 8 timed"),
+    # EAGLE-3 with a head trained here (issue 50): the paper's Table 1 analogue (conf/experiment/study_eagle3.yaml),
+    # greedy and T = 1 (the authors' rule settings), on subsets of WMT19, HumanEval and GSM8K, 4 timed each. The
+    # head comes from its recipe (`prepare`: features and training resume; a head already there is kept); the
+    # records name the head's weights (run.json's draft_model). est_min: the recipe's ~36 min on the AMX machine
+    # (docs/eagle3.md) + the six commands (EAGLE3_EST below).
+    "eagle3": Shard(tuple(("+experiment=study_eagle3", f"task={task}", f"limit={n}", *t1)
+                          for t1 in ((), T1) for task, n in EAGLE3_TASKS), 36 + EAGLE3_EST,
+                    "EAGLE-3 head (0.2M training tokens) vs ar and the 0.5B chain, greedy and T = 1, WMT19 16 / "
+                    "HumanEval 12 / GSM8K 12; 4 timed",
+                    ("mars_bench.run.eagle3_recipe", "embedded-sitting", "--work",
+                     "results/eagle3-head/embedded-sitting")),
 }
 
 
@@ -132,6 +149,7 @@ def run_shard(name: str, shards: dict[str, Shard] | None = None, runs: Path = RU
         return out
     tree = Path(runs) / name
     restore(name, runs, parts, allow_mixed)
+    prepare(name, shards[name], cwd)
     for args in shards[name].commands:
         cmd = [sys.executable, "-m", "mars_bench.cli", *args, *extra, f"results_dir={tree}"]
         print(f"shards: {name}: {' '.join(cmd[2:])}", file=sys.stderr)
@@ -143,6 +161,15 @@ def run_shard(name: str, shards: dict[str, Shard] | None = None, runs: Path = RU
         part.unlink()
         print(f"shards: {name}: its part {part} is in the pack now; removed (commit the removal)", file=sys.stderr)
     return out
+
+
+def prepare(name: str, shard: Shard, cwd: Path | None = None) -> None:
+    """Run the shard's ``prepare`` command (e.g. the EAGLE-3 recipe that trains the head its commands read):
+    resumable, and quick when its output is there already."""
+    if shard.prepare:
+        cmd = [sys.executable, "-m", *shard.prepare]
+        print(f"shards: {name}: {' '.join(cmd[1:])}", file=sys.stderr)
+        subprocess.run(cmd, check=True, cwd=cwd)
 
 
 def park(name: str, runs: Path = RUNS, parts: Path = PARTS, packs: Path = PACKS) -> Path:
@@ -216,6 +243,7 @@ def retime(name: str, shards: dict[str, Shard] | None = None, runs: Path = RUNS,
         shutil.rmtree(tree, ignore_errors=True)
         staging.replace(tree)
         print(f"shards: {name}: re-timing {len(timed)} timed runs of {out} in {tree}", file=sys.stderr)
+    prepare(name, shards[name], cwd)
     for args in shards[name].commands:
         cmd = [sys.executable, "-m", "mars_bench.cli", *args, *extra, f"results_dir={tree}"]
         print(f"shards: {name}: {' '.join(cmd[2:])}", file=sys.stderr)
