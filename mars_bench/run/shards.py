@@ -68,7 +68,8 @@ def _methods(task: str, timed: int, experiment: str = "study_methods") -> tuple[
 
 T1 = ("temperature=1.0", "top_p=1.0", "rule.sampled_top1=margin", "rule.nonpositive_top1=ratio")   # study_t1's
 EAGLE3_TASKS = (("wmt19_zh_en", 16), ("humaneval", 12), ("gsm8k", 12))
-EAGLE3_EST = 60.0
+EAGLE3_EST = 60.0   # the six commands: ~40 min timed (study_eagle3.yaml: 4 x 3 tasks x 2 temperatures x 6 entries at
+#                    ~0.95 s per output token of all entries) + ~20 min of batched quality phases
 
 
 # est_min: quality + timed minutes (module doc). WMT19: quality 10.8 (the committed run's 30.7 min less its 11.1
