@@ -228,7 +228,7 @@ def test_tables_by_hand(runs, frames):
             assert M.TAU_AUTHORS_DEFINITION in table.caption and M.SPEEDUP_AUTHORS_DEFINITION in table.caption
             continue
         assert M.TAU_DEFINITION in table.caption, name
-        if name != "acceptance":
+        if name not in ("acceptance", "costs"):      # neither shows a speedup
             assert M.SPEEDUP_DEFINITION in table.caption, name
     rows = list(csv.DictReader(io.StringIO(t["main"].to_csv())))
     assert float(rows[2]["speedup_authors"]) == pytest.approx(18 / 7)
@@ -366,3 +366,17 @@ def test_theta_figure_marks_significant_thetas_and_draws_error_bars(frames):
     segs = eb.lines[2][0].get_segments()                          # one per run: ar (zero length), sd, mars...
     sd = [s for s in segs if abs(s[0][0] - 1) < 1e-9][0]
     assert (sd[0][1], sd[1][1]) == pytest.approx((4 / 3, 2.0))   # sd's paired-bootstrap interval
+
+
+def test_costs_table_by_hand(frames):
+    """Table 9 from the fixture's sd records: draft 0.5 + 0.375 + 0.5 = 1.375 s over 8 + 6 + 8 = 22 drafted tokens and
+    4 + 3 + 4 = 11 steps, target 1 + 0.75 + 1 = 2.75 s; the loop (wall 5.5 s - prefill 0.3 s) outside both 1 - 4.125 /
+    5.2. ar has no row (no drafts)."""
+    from mars_bench.report.tables import costs_table
+
+    t = costs_table(frames.runs)
+    sd = t.data[t.data["label"].str.startswith("sd")].iloc[0]
+    assert sd["draft_ms_token"] == pytest.approx(1375 / 22) and sd["draft_ms_step"] == pytest.approx(125.0)
+    assert sd["target_ms_step"] == pytest.approx(250.0) and sd["outside"] == pytest.approx(100 * (1 - 4.125 / 5.2))
+    assert not (t.data["method"] == "ar").any()
+    assert "draft ms / drafted token" in t.to_markdown()

@@ -26,7 +26,7 @@ from mars_bench.report.writer import Table
 
 SECTIONS = (
     ("speed", "Speed", "How much faster than ar is each method, and how many tokens does each target forward "
-     "commit (τ)?", ("study", "paper_ours", "paper_authors", "main", "acceptance")),
+     "commit (τ)?", ("study", "paper_ours", "paper_authors", "main", "acceptance", "costs")),
     ("quality", "Quality", "Does a method change the output's quality against ar (paired on the same samples)?",
      ("quality",)),
     ("theta", "θ", "How do speed, τ and quality move with θ (and with each rule's knob)?", ("theta", "rules")),
@@ -129,7 +129,7 @@ def page_tables(runs, theta: float = DEFAULT_THETA) -> dict[str, Table]:
     for name, t in all_tables(untimed, theta).items():
         if name in ("quality", "acceptance", "fidelity"):
             picked[name] = t
-    for name in ("study", "paper_ours", "paper_authors", "claims"):
+    for name in ("study", "paper_ours", "paper_authors", "claims", "costs"):   # costs: the timed phase's records
         picked[name] = every[name]
     return picked
 

@@ -7,6 +7,8 @@
     fidelity_table(runs)    agreement with ar outputs vs theta
     acceptance_table(runs)  acceptance rate per draft position (depth)
     quality_table(runs)     every paired quality test vs ar and vs sd: delta [CI], p-value, MDE, n
+    costs_table(runs)       where a step's time goes at batch size 1: draft ms per drafted token and per step,
+                            target ms per verification step (an EAGLE-3 head against a draft model)
     study_table(runs)       a study's two phases joined: quality and tau from batched decoding of every
                             sample, speedup from the timed batch-size-1 subset (each number from one phase;
                             ``study.py``)
@@ -262,6 +264,32 @@ def quality_table(runs: pd.DataFrame) -> Table:
     return t
 
 
+def costs_table(runs: pd.DataFrame) -> Table:
+    """Per timed speculative run (batch size 1: a study's timed phase or a plain run), its records' forward
+    times per step and per drafted token."""
+    t = Table("Table 9", "Where a verification step's time goes, batch size 1 (a study's timed samples): the draft's "
+              "forward time per drafted token and per step, the target's forward time per verification step "
+              "(records' draft_s, target_s; steps and drafted tokens counted over the same samples), and the share "
+              f"of the decoding loop outside both (proposing, verifying, bookkeeping). {M.TAU_DEFINITION}.",
+              [("model", "model pair", ""), ("task", "task", ""), ("settings", "settings", ""),
+               ("label", "method", ""), ("n", "n", "d"), ("tau", "τ", ".2f"),
+               ("draft_ms_token", "draft ms / drafted token", ".1f"), ("draft_ms_step", "draft ms / step", ".1f"),
+               ("target_ms_step", "target ms / step", ".1f"), ("outside", "outside forwards (%)", ".1f")])
+    keep = [val(r, "method") != "ar" and (val(r, "batch_size") or 1) == 1 and val(r, "phase") != "quality"
+            and (val(r, "n_proposed") or 0) > 0 and (val(r, "steps") or 0) > 0 and val(r, "draft_s") is not None
+            for r in rows(runs)] if len(runs) else []
+    chosen = runs.loc[keep] if len(runs) else runs
+    out = []
+    for r in rows(chosen):
+        share = val(r, "outside_forward_share")
+        out.append({**{v: r[k] for k, v in BASE.items()}, "n": val(r, "n"), "tau": val(r, "tau"),
+                    "draft_ms_token": 1e3 * r["draft_s"] / r["n_proposed"], "draft_ms_step": 1e3 * r["draft_s"] /
+                    r["steps"], "target_ms_step": 1e3 * val(r, "target_s", 0.0) / r["steps"],
+                    "outside": None if share is None else 100.0 * share})
+    t.data = pd.DataFrame(out)
+    return t
+
+
 TEST_VALUES = ("n_pairs", "value", "value_lo", "value_hi", "base", "delta", "delta_lo", "delta_hi", "p_value")
 
 
@@ -286,7 +314,8 @@ def all_tables(runs, theta: float = DEFAULT_THETA) -> dict[str, Table]:
     ours, authors = paper_tables(runs, theta)
     return {"main": main_table(runs, theta), "theta": theta_table(runs), "rules": rules_table(runs),
             "fidelity": fidelity_table(runs), "acceptance": acceptance_table(runs), "quality": quality_table(runs),
-            "study": study_table(runs), "paper_ours": ours, "paper_authors": authors, "claims": claims_table(runs)}
+            "study": study_table(runs), "paper_ours": ours, "paper_authors": authors, "claims": claims_table(runs),
+            "costs": costs_table(runs)}
 
 
 def write_tables(tables: dict[str, Table], out_dir) -> list:

@@ -67,9 +67,9 @@ def _methods(task: str, timed: int, experiment: str = "study_methods") -> tuple[
 
 
 T1 = ("temperature=1.0", "top_p=1.0", "rule.sampled_top1=margin", "rule.nonpositive_top1=ratio")   # study_t1's
-EAGLE3_TASKS = (("wmt19_zh_en", 16), ("humaneval", 12), ("gsm8k", 12))
-EAGLE3_EST = 60.0   # the six commands: ~40 min timed (study_eagle3.yaml: 4 x 3 tasks x 2 temperatures x 6 entries at
-#                    ~0.95 s per output token of all entries) + ~20 min of batched quality phases
+EAGLE3_TASKS = (("wmt19_zh_en", 12), ("humaneval", 8), ("gsm8k", 8))
+EAGLE3_EST = 56.0   # the six commands: ~34 min timed (study_eagle3.yaml: 4 x 3 tasks x 2 temperatures x 5 entries at
+#                    ~0.8 s per output token of all entries), ~16 min of batched quality phases, ~6 min of loading
 
 
 # est_min: quality + timed minutes (module doc). WMT19: quality 10.8 (the committed run's 30.7 min less its 11.1
@@ -113,8 +113,8 @@ SHARDS: dict[str, Shard] = {
     # (docs/eagle3.md) + the six commands (EAGLE3_EST below).
     "eagle3": Shard(tuple(("+experiment=study_eagle3", f"task={task}", f"limit={n}", *t1)
                           for t1 in ((), T1) for task, n in EAGLE3_TASKS), 36 + EAGLE3_EST,
-                    "EAGLE-3 head (0.2M training tokens) vs ar and the 0.5B chain, greedy and T = 1, WMT19 16 / "
-                    "HumanEval 12 / GSM8K 12; 4 timed",
+                    "EAGLE-3 head (0.2M training tokens) vs ar and the 0.5B chain, greedy and T = 1, WMT19 12 / "
+                    "HumanEval 8 / GSM8K 8; 4 timed",
                     ("mars_bench.run.eagle3_recipe", "embedded-sitting", "--work",
                      "results/eagle3-head/embedded-sitting")),
 }
