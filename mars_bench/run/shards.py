@@ -68,7 +68,8 @@ def _methods(task: str, timed: int, experiment: str = "study_methods") -> tuple[
 
 T1 = ("temperature=1.0", "top_p=1.0", "rule.sampled_top1=margin", "rule.nonpositive_top1=ratio")   # study_t1's
 EAGLE3_TASKS = (("wmt19_zh_en", 12), ("humaneval", 8), ("gsm8k", 8))
-EAGLE3_EST = 56.0   # the six commands: ~34 min timed (study_eagle3.yaml: 4 x 3 tasks x 2 temperatures x 5 entries at
+EAGLE3_HEAD = ("mars_bench.run.eagle3_recipe", "embedded-sitting", "--work", "results/eagle3-head/embedded-sitting")
+EAGLE3_EST = 56.0   # the six commands of both shards: ~34 min timed (study_eagle3.yaml: 4 x 3 tasks x 2 temperatures x 5 entries at
 #                    ~0.8 s per output token of all entries), ~16 min of batched quality phases, ~6 min of loading
 
 
@@ -106,17 +107,18 @@ SHARDS: dict[str, Shard] = {
     "trees_t1_humaneval": Shard((("+experiment=study_trees_t1", "task=humaneval"),),
                                 (5.8 * 13 * 100 / 60 + 16) * 6.6,
                                 "HumanEval, all 164, T = 1 trees, theta sweep; 12 timed (several sittings)"),
-    # EAGLE-3 with a head trained here (issue 50): the paper's Table 1 analogue (conf/experiment/study_eagle3.yaml),
-    # greedy and T = 1 (the authors' rule settings), on subsets of WMT19, HumanEval and GSM8K, 4 timed each. The
-    # head comes from its recipe (`prepare`: features and training resume; a head already there is kept); the
-    # records name the head's weights (run.json's draft_model). est_min: the recipe's ~36 min on the AMX machine
-    # (docs/eagle3.md) + the six commands (EAGLE3_EST below).
-    "eagle3": Shard(tuple(("+experiment=study_eagle3", f"task={task}", f"limit={n}", *t1)
-                          for t1 in ((), T1) for task, n in EAGLE3_TASKS), 36 + EAGLE3_EST,
-                    "EAGLE-3 head (0.2M training tokens) vs ar and the 0.5B chain, greedy and T = 1, WMT19 12 / "
-                    "HumanEval 8 / GSM8K 8; 4 timed",
-                    ("mars_bench.run.eagle3_recipe", "embedded-sitting", "--work",
-                     "results/eagle3-head/embedded-sitting")),
+    # EAGLE-3 with a head trained here (issue 50): the paper's Table 1 analogue (conf/experiment/study_eagle3.yaml) on
+    # subsets of WMT19, HumanEval and GSM8K, 4 timed each: eagle3 greedy, eagle3_t1 at T = 1 (the authors' rule
+    # settings), two packs so that each fits a sitting beside the head's training. The head comes from its recipe
+    # (`prepare`: features and training resume; a head already there is kept), so a shard run on another machine
+    # trains its own; the records name the head's weights (run.json's draft_model). est_min: the recipe's ~36 min on
+    # the AMX machine (docs/eagle3.md; 73 min on the AVX512_BF16 EPYC, 7.5 s a step) + the three commands.
+    "eagle3": Shard(tuple(("+experiment=study_eagle3", f"task={task}", f"limit={n}") for task, n in EAGLE3_TASKS),
+                    36 + EAGLE3_EST / 2, "EAGLE-3 head (0.2M training tokens) vs ar and the 0.5B chain, greedy, "
+                    "WMT19 12 / HumanEval 8 / GSM8K 8; 4 timed", EAGLE3_HEAD),
+    "eagle3_t1": Shard(tuple(("+experiment=study_eagle3", f"task={task}", f"limit={n}", *T1)
+                             for task, n in EAGLE3_TASKS), 36 + EAGLE3_EST / 2,
+                       "the same at T = 1 (the authors' rule settings); 4 timed", EAGLE3_HEAD),
 }
 
 
