@@ -119,3 +119,11 @@ def test_the_cli_with_several_packs_rewrites_each_and_the_section_over_them(tmp_
     with pytest.raises(ValueError, match="no '<!-- generated from every pack read: begin -->'") as e:
         write_results_md(md, packs)
     assert "\n" not in str(e.value) and md.read_text() == parts[0] + parts[1]
+
+
+def test_a_packs_section_says_where_its_timed_steps_went():
+    """Below the study table, the costs table of the pack's timed speculative runs (draft and target time per step):
+    humaneval_t1's sd and mars, none for ar."""
+    text = section(ROOT / "results" / "study" / "humaneval_t1.tar.xz", "cmd")
+    costs = text.split("**Table 9.**", 1)[1]
+    assert "draft ms / drafted token" in costs and "| sd " in costs and "| mars" in costs and "| ar " not in costs

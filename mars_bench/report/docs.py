@@ -5,7 +5,8 @@
 rewrites, in ``docs/results.md``, the text between the two marker comments named after the pack's file
 (``<!-- generated from study.tar.xz: begin -->`` ... ``<!-- generated from study.tar.xz: end -->``) with the
 study table the report makes of the pack's records (``tables.study_table``; a pack without study runs, such as
-the T = 1 tree arm's, gets the main table, ``tables.main_table``, instead), preceded by one stamp line: the
+the T = 1 tree arm's, gets the main table, ``tables.main_table``, instead) and where its timed steps went
+(``tables.costs_table``: draft and target time per step), preceded by one stamp line: the
 command, the commit(s) and the machine(s) the records were written on, as their summaries' ``manifest`` and
 ``machines`` say. Everything outside the markers is left as it is.
 
@@ -30,7 +31,7 @@ from mars_bench.store.pack import is_pack, unpacked
 from mars_bench.store.read import find_run_dirs
 from mars_bench.report.claims import claims_table
 from mars_bench.report.paper import paper_tables
-from mars_bench.report.tables import main_table, study_table
+from mars_bench.report.tables import costs_table, main_table, study_table
 
 EVERY = "every pack read"   # the name in the markers of the section over several packs (combined_section)
 
@@ -88,7 +89,7 @@ def _check_pack(pack: str | Path) -> None:
 
 def section(pack: str | Path, command: str) -> str:
     """The text between a pack's markers: the stamp, then the study table (caption, table, footnotes), or the main
-    table where the pack holds no study runs."""
+    table where the pack holds no study runs, then the costs table where it has rows."""
     _check_pack(pack)
     with unpacked(pack) as root:
         prov = provenance(root)
@@ -98,7 +99,9 @@ def section(pack: str | Path, command: str) -> str:
     table = study_table(frames.runs)
     if table.data.empty:
         table = main_table(frames.runs)
-    return stamp(pack, prov, command) + "\n\n" + table.to_markdown()
+    costs = costs_table(frames.runs)
+    parts = [stamp(pack, prov, command), table.to_markdown()] + ([] if costs.empty else [costs.to_markdown()])
+    return "\n\n".join(parts)
 
 
 def combined_section(packs: list, command: str, missing_shards: list[str] | None = None) -> str:
