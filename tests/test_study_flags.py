@@ -165,6 +165,10 @@ def test_speedup_without_budget_hits_recomputed_from_records(committed):
                 assert f"{len(mine) - len(keep)} of its {len(mine)} speed pairs hit the budget" in notes
             continue
         tps = lambda rs: sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)  # noqa: E731
+        if not keep:   # every timed pair hit the budget (the eagle3 pack's GSM8K at 128 tokens): no such speedup
+            assert row.get("speedup_no_budget") is None and not row.get("n_no_budget")
+            checked += 1
+            continue
         value = tps([a for a, _ in keep]) / tps([b for _, b in keep])
         assert row["speedup_no_budget"] == pytest.approx(value, rel=1e-9) and row["n_no_budget"] == len(keep)
         if len(keep) < len(mine):   # a runaway sample: flagged on the speed side, with the count

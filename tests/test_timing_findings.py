@@ -118,12 +118,14 @@ def _kind(rec: dict) -> tuple:
 def _table_8_checked(runs, raws) -> list[float]:
     """Table 8 names the machine kinds each row's tasks were timed on (from the records) and refuses a speedup mean
     exactly where they differ; returns the temperature of each row refused."""
-    kinds_of: dict[tuple, set] = {}   # (task dir, method, T) -> the machines its timed records name
+    kinds_of: dict[tuple, set] = {}   # (task dir, method, T, budget) -> the machines its timed records name
     for raw in raws:
         for key, run in raw.items():
+            budget = int((run.get("run") or {}).get("max_new_tokens") or 0)
             for r in run.get("records", []):
                 if r.get("phase") == "timed":
-                    kinds_of.setdefault((key.split("/")[0], r["method"], float(r["temperature"])), set()).add(_kind(r))
+                    kinds_of.setdefault((key.split("/")[0], r["method"], float(r["temperature"]), budget),
+                                        set()).add(_kind(r))
     paper = paper_table(runs)
     names = dict(PAPER_TASKS)
     refused = []
@@ -131,8 +133,10 @@ def _table_8_checked(runs, raws) -> list[float]:
         present = [t for t in names if row.get(f"{t}/speedup") is not None]
         method = row["label"].split()[0]
         temperature = float(row["settings"].split()[0].removeprefix("T="))   # a table row's own T (T = 0 and 1 apart)
-        kinds = set().union(*(k for (task_dir, m, t), k in kinds_of.items()
-                              if m == method and t == temperature and task_dir.rsplit("-v", 1)[0] in present))
+        budget = int(row["settings"].split()[2].removeprefix("n≤"))         # and budget (the eagle3 pack's 128)
+        kinds = set().union(*(k for (task_dir, m, t, n), k in kinds_of.items()
+                              if m == method and t == temperature and n == budget
+                              and task_dir.rsplit("-v", 1)[0] in present))
         assert all(cpu in row["machine"] for cpu, _, _ in kinds), (row["label"], row["machine"])
         if len(kinds) > 1:
             assert row["machine"].startswith("⚠") and row["mean_present/speedup"] is None

@@ -52,7 +52,7 @@ def study_table(runs: pd.DataFrame) -> Table:
                ("speedup_authors", "speedup, authors' formula (×)", ".2f[]"), ("notes", "notes", "")])
     t.compact = ["model", "task", "settings", "label", "n_quality", "metric", "quality", "d_ar", "p_d_ar", "ni", "tau",
                  "n_timed", "tokens_per_s", "speedup", "notes"]   # the speedup without budget hits: in the note
-    t.brief = {"tokens_per_s": ".2f", "quality": "sig[]", "d_ar": "sig[]"}
+    t.brief = {"tokens_per_s": ".2f", "quality": "sig[]", "d_ar": "sig[]", "tau": ".2f"}   # τ's CI: csv, full view
     t.short = {"tokens_per_s": "tokens/s", "p_d_ar": "p", "ni": "NI"}
     t.hoist = ("metric", "n_quality", "n_timed")
     by_key = {r["run"]: r for _, r in runs.iterrows()}
