@@ -180,17 +180,24 @@ def export(recipe: Recipe, save: Path) -> Path:
     return head
 
 
+def _exported(work: Path, said: dict) -> bool:
+    """Whether ``work`` holds a head exported by the recipe ``said`` (its recipe.json) whose bytes match head.sha256."""
+    head, done, made = work / "head" / "model.safetensors", work / "head.sha256", work / "recipe.json"
+    if not (head.is_file() and done.is_file() and made.is_file()):
+        return False
+    if json.loads(made.read_text()) != json.loads(json.dumps(said)):
+        return False
+    return hashlib.sha256(head.read_bytes()).hexdigest() == done.read_text().split()[0]
+
+
 def run(recipe: Recipe, max_steps: int | None = None) -> Path:
     """Corpus, features, training and export, each resumed where a previous run stopped; a head already exported
     with this recipe (its recipe.json equal and its sha256 matching) is kept as it is."""
     from transformers import AutoTokenizer
 
-    head, done = Path(recipe.work) / "head", Path(recipe.work) / "head.sha256"
     said = dict(dataclasses.asdict(recipe), speculators=SPECULATORS)
-    if max_steps is None and done.is_file() and (head / "model.safetensors").is_file() and \
-            json.loads((Path(recipe.work) / "recipe.json").read_text()) == json.loads(json.dumps(said)) and \
-            hashlib.sha256((head / "model.safetensors").read_bytes()).hexdigest() == done.read_text().split()[0]:
-        return head
+    if max_steps is None and _exported(Path(recipe.work), said):
+        return Path(recipe.work) / "head"
     Path(recipe.work).mkdir(parents=True, exist_ok=True)
     _write_json(Path(recipe.work) / "recipe.json", said)
     windows = corpus(recipe, AutoTokenizer.from_pretrained(recipe.target_dir))
