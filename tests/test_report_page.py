@@ -122,3 +122,16 @@ def test_a_studys_figures_are_drawn_once_for_the_phase_that_answers_them():
             joined = d.name in ("speedup_tau", "theta_sensitivity", "rules_frontier")
             assert ("phases joined" in d.caption) == joined and ("quality phase" in d.caption) != joined, d
             assert all(p.is_file() for p in d.paths)
+
+
+def test_the_compact_view_names_the_relaxed_rows_rule_settings_once():
+    from mars_bench.report.compact import _relaxed_flags
+
+    labels = ["ar", "eagle3 d5-w4-t16", "sd k=4 draftq4g32", "eagle3_mars θ=0.9 d5-w4-t16 ratio margin"]
+    assert _relaxed_flags(labels) == ["ratio", "margin"]                 # the tree shape is eagle3's too: kept
+    assert _relaxed_flags(["ar", "mars θ=0.84 ratio margin", "mars θ=0.9 ratio margin"]) == ["ratio", "margin"]
+    assert _relaxed_flags(["ar", "mars θ=0.9 ratio margin", "mars θ=0.95"]) == []     # not every θ row has them
+    assert _relaxed_flags(["ar", "sd k=4", "mars θ=0.9 k=4"]) == []
+    pack = ROOT / "results" / "study" / "eagle3_t1.tar.xz"
+    md = section(pack, "cmd")
+    assert "every θ row: **ratio margin**" in md and "| eagle3_mars θ=0.9 d5-w4-t16 " in md and " ratio margin |" not in md

@@ -13,6 +13,8 @@
                         the row it equals in ``_same_as`` (a pair of labels, e.g. bleu_raw's test when it is
                         bleu's): said once under the table;
                       - the words every method's label shares (k=4, a draft quantization; not θ): named once;
+                        so are the words after θ that every θ row's label has and no other has (a rule's
+                        settings, e.g. 'ratio margin');
                       - the ``Table.aside`` columns (long text, e.g. a claim's evidence): a row number '#' in the
                         table and the text listed under it, one line per row.
     markdown(table)   the blocks as pipe tables (``md_table``).
@@ -73,6 +75,13 @@ def view(t) -> View:
             named.append(("every method but ar", " ".join(shared)))
             for i in idx:
                 cells[i] = {**cells[i], "label": " ".join(x for x in cells[i]["label"].split() if x not in shared)}
+        relaxed = _relaxed_flags([cells[i]["label"] for i in idx]) if "label" in cols else []
+        if relaxed:
+            named.append(("every θ row", " ".join(relaxed)))
+            for i in idx:
+                if _theta_at(cells[i]["label"].split()) is not None:
+                    cells[i] = {**cells[i], "label": " ".join(x for x in cells[i]["label"].split()
+                                                              if x not in relaxed)}
         columns = ([("#", "#", "d")] if aside else []) + [(k, t.short.get(k, h), f) for k, h, f in t.columns
                                                            if k in cols]
         rows = [([str(i + 1)] if aside else []) + [cells[i][k] for k in cols] for i in idx]
@@ -89,6 +98,22 @@ def _shared_flags(labels: list[str]) -> list[str]:
         return []
     common = set(words[0]).intersection(*words[1:])
     return [x for x in words[0] if x in common and not x.startswith("θ=")]
+
+
+def _theta_at(words: list[str]) -> int | None:
+    return next((j for j, x in enumerate(words) if x.startswith("θ=")), None)
+
+
+def _relaxed_flags(labels: list[str]) -> list[str]:
+    """The words after θ that every relaxed label (one with a θ) has and no other label has (a rule's settings,
+    e.g. the authors' 'ratio margin' at T = 1): named once above the block."""
+    split = [x.split() for x in labels if x != EMPTY]
+    after = [w[_theta_at(w) + 1:] for w in split if _theta_at(w) is not None]
+    if not after:
+        return []
+    others = {x for w in split if _theta_at(w) is None for x in w}
+    common = set(after[0]).intersection(*after[1:]) - others
+    return [x for x in after[0] if x in common]
 
 
 def blocks(t) -> list[Block]:
