@@ -61,7 +61,7 @@ reproduce: $(STAMP)
 # (121), humaneval (164), mt_bench (80, no judge: speed + fidelity), alpaca (80), cnn_dm (80), ar / sd / mars
 # 0.9, trees (the T = 1 tree arm, WMT19 segments 1-16), gsm8k_t1 and humaneval_t1 (T = 1 chains with the
 # authors' rule settings, conf/experiment/study_t1.yaml), trees_t1_wmt19 / trees_t1_humaneval (T = 1 trees, theta
-# sweep, study_trees_t1.yaml) and eagle3 / eagle3_t1 (the head its recipe trains, then study_eagle3.yaml, greedy /
+# sweep, study_trees_t1.yaml), wmt19_t02 (wmt19's theta sweep at T = 0.2) and eagle3 / eagle3_t1 (the head its recipe trains, then study_eagle3.yaml, greedy /
 # T = 1). Each shard runs in results/shards/<name>/ and, when
 # finished, writes its pack results/study/<name>.tar.xz (commit those); rerunning resumes an interrupted shard
 # and skips the packed ones, so the study can be spread over sittings: `make shard SHARD=gsm8k` runs one. The

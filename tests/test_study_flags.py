@@ -223,7 +223,9 @@ def test_faster_than_sd_is_the_paired_ratio_recomputed_from_records(committed):
     """Each lossy method's 'faster than sd' claim reads its speed over sd on the same timed samples (the methods ran
     interleaved): sum tokens / sum wall of one over the other's, recomputed here from the records; the verdict is
     what its interval says."""
-    from mars_bench.report.claims import claims_table
+    import math
+
+    from mars_bench.report.claims import claims_table, n_to_decide
 
     frames, table, raw = committed
     runs = frames.runs
@@ -243,6 +245,11 @@ def test_faster_than_sd_is_the_paired_ratio_recomputed_from_records(committed):
         assert c["n"] == str(len(both)) and f"{value:.2f} [" in c["evidence"]
         lo, hi = t["speedup_vs_sd_lo"], t["speedup_vs_sd_hi"]
         assert c["verdict"] == ("resolved" if lo > 1 else "refuted" if hi < 1 else "not resolved")
+        if c["verdict"] == "not resolved":   # the sizing by power, from this interval (claims.n_to_decide)
+            need = n_to_decide(len(both), value, lo, hi, 1.0, log=True)
+            assert need > len(both) and f"n ~{math.ceil(need):,} if" in c["evidence"], c
+        else:
+            assert "decided with" not in c["evidence"], c
         checked += 1
     assert checked == len(claims) >= 1
 

@@ -6,19 +6,30 @@
                          non-inferiority margin'; per speculative method 'faster than ar'; per lossy method
                          'faster than sd' (its speed over its lossless reference, paired on the same timed
                          samples). Each row: the claim,
-                         its n, the evidence (values and 95% CIs) and the verdict.
+                         its n, the evidence (values and 95% CIs) and the verdict; an undecided claim's evidence
+                         ends with the n that would decide it (``n_to_decide``).
 
 Verdicts: a trend is 'resolved between the ends' when the intervals at the lowest and highest θ are disjoint in
 the claimed direction, 'resolved at every step' when every neighbouring pair is, 'refuted' when the ends are
 disjoint the other way, else 'not resolved'; the evidence says where the point estimates are not monotone. A
 quality claim is 'non-inferior' (the one-sided bound clears the margin), 'refuted' (the whole interval lies beyond
 the margin), 'loss resolved, margin not decided', or 'no change larger than the MDE at n'.
+
+Sizing by power (``n_to_decide``): an interval's half-width shrinks as 1/sqrt(n), so an estimate d at distance
+|d - null| from the value the claim must clear (0 for a Δ, 1 for a ratio on the log scale, minus the margin for
+non-inferiority) is decided at the 5% level with 80% power at n' = n ((z_0.975 + z_0.8) SE / |d - null|)^2, SE =
+the interval's half-width / z_0.975. It assumes the estimate is the true effect and the new samples are like the
+old: at T = 1 another seed over the same prompts adds draws that share their prompt, so n' / n seeds is a lower
+bound of the seeds needed.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pandas as pd
+
+from mars_bench.stats import StatsSettings, _z
 
 from mars_bench.report.columns import val
 from mars_bench.report.frames import headline, study_groups
@@ -83,9 +94,39 @@ def quality_verdict(r, m: str) -> tuple[str, str]:
         hi < -margin if higher else lo > margin)
     if beyond:
         return "refuted (the whole interval is beyond the margin)", ev
+    n = val(r, f"vs_ar/{m}/n") or val(r, "n")
+    if margin is not None and n:
+        ev += _sizing(int(n), d, lo, hi, -margin if higher else margin)
     if p is not None and p < 0.05 and ((d < 0) == higher):
         return "loss resolved, margin not decided", ev
     return "no change larger than the MDE at n; margin not decided", ev
+
+
+def n_to_decide(n, est, lo, hi, null: float = 0.0, log: bool = False,
+                settings: StatsSettings = StatsSettings()) -> float | None:
+    """The n at which an effect of this estimate's size is told from ``null`` at the settings' level and power (module
+    doc), from the estimate at n and its interval [lo, hi] (on the log scale when ``log``: a ratio, null 1). None
+    without an interval or n, inf when the estimate equals the null."""
+    if None in (n, est, lo, hi) or not n or (log and min(est, lo, hi, null) <= 0):
+        return None
+    f = math.log if log else float
+    z = _z(1 - settings.alpha / 2)
+    se = (f(hi) - f(lo)) / (2 * z)
+    if not se > 0:
+        return None
+    d = abs(f(est) - f(null))
+    return math.inf if d == 0 else n * ((z + _z(settings.power)) * se / d) ** 2
+
+
+def _sizing(n, est, lo, hi, null: float = 0.0, log: bool = False) -> str:
+    """'; decided with 80% power at n ~N if the estimate is the effect (x this n)' for an undecided claim."""
+    need = n_to_decide(n, est, lo, hi, null, log)
+    if need is None:
+        return ""
+    if math.isinf(need):
+        return "; the estimate is the null: no n decides it at this effect"
+    return (f"; decided with {StatsSettings().power:.0%} power at n ~{math.ceil(need):,} if the estimate is the effect "
+            f"({need / n:,.{1 if need < 100 * n else 0}f}x this n)")
 
 
 def _above_one(r, key: str) -> str:
@@ -101,6 +142,13 @@ def _sd_row(rows: list, r):
     return next((x for x in rows if replace(x["spec"], batch_size=1) == want), None)
 
 
+def _ratio_sizing(r, key: str, n_key: str, verdict: str) -> str:
+    """The sizing of a 'faster than' claim its interval leaves open."""
+    if verdict != "not resolved" or val(r, n_key) is None:
+        return ""
+    return _sizing(int(val(r, n_key)), val(r, key), val(r, f"{key}_lo"), val(r, f"{key}_hi"), 1.0, log=True)
+
+
 def claims_table(runs: pd.DataFrame) -> Table:
     t = Table("Claims", "The paper's claims as this study's intervals resolve them (95% CIs; n = the samples of the "
               "phase the value comes from: quality and τ every sample, speedup the timed ones). A trend is "
@@ -108,7 +156,9 @@ def claims_table(runs: pd.DataFrame) -> Table:
               "direction, 'at every step' when every neighbouring pair is; a quality claim ('within the NI margin': "
               "non-inferiority at the margin declared before looking) is non-inferior, refuted "
               "(the interval wholly beyond the declared margin), a loss without a margin decision, or no change "
-              "larger than the MDE. Nothing is claimed beyond these words. " + SPEED_DEFS,
+              "larger than the MDE; an undecided claim's evidence ends with the n that would decide it with 80% power "
+              "if its estimate were the effect (the interval narrowing as 1/sqrt(n)). Nothing is claimed beyond "
+              "these words. " + SPEED_DEFS,
               [("task", "task", ""), ("settings", "settings", ""), ("claim", "claim", ""), ("n", "n", ""),
                ("verdict", "verdict", ""), ("evidence", "evidence", "")])
     t.compact, t.aside = ["task", "settings", "claim", "n", "verdict", "evidence"], ("evidence",)
@@ -152,12 +202,15 @@ def claims_table(runs: pd.DataFrame) -> Table:
                 verdict = _above_one(r, "speedup")
                 out.append({**base, "claim": f"{r['label']}: faster than ar", "n": str(val(r, "n_timed")),
                             "verdict": verdict, "evidence": f"speedup {_ci(r, 'speedup')}; without samples that hit "
-                            f"the budget {_ci(r, 'speedup_no_budget')} (n = {val(r, 'n_no_budget')})"})
+                            f"the budget {_ci(r, 'speedup_no_budget')} (n = {val(r, 'n_no_budget')})"
+                            + _ratio_sizing(r, "speedup", "n_timed", verdict)})
             sd = _sd_row(rows, r) if r["relaxed"] else None
             if sd is not None and val(r, "speedup_vs_sd") is not None:
+                verdict = _above_one(r, "speedup_vs_sd")
                 out.append({**base, "claim": f"{r['label']}: faster than {sd['label']}", "n": str(val(r, "n_vs_sd")),
-                            "verdict": _above_one(r, "speedup_vs_sd"),
+                            "verdict": verdict,
                             "evidence": f"speed over {sd['label']} {_ci(r, 'speedup_vs_sd')}, paired on the same "
-                            f"timed samples (over ar: {_ci(r, 'speedup')} against {_ci(sd, 'speedup')})"})
+                            f"timed samples (over ar: {_ci(r, 'speedup')} against {_ci(sd, 'speedup')})"
+                            + _ratio_sizing(r, "speedup_vs_sd", "n_vs_sd", verdict)})
     t.data = pd.DataFrame(out)
     return t
