@@ -188,7 +188,7 @@ def test_claims_state_only_what_the_intervals_resolve(study):
     assert trends
     for c in trends:
         key = ("tau" if "τ rises" in c["claim"] else "d_ar" if "loss grows" in c["claim"]
-               else "speedup_no_budget" if "without samples" in c["claim"] else "speedup")
+               else "speedup_no_budget" if "budget hits left out" in c["claim"] else "speedup")
         rs = sorted((r for (task, _), r in study.items() if task == c["task"]), key=lambda r: -r["theta"])
         sign = -1 if key == "d_ar" else 1   # a loss grows: Δ falls as θ falls
         lo_end, hi_end = rs[0], rs[-1]      # highest θ, lowest θ

@@ -177,7 +177,7 @@ def claims_table(runs: pd.DataFrame) -> Table:
             for claim, key, n, rising, fmt in (
                     (f"{fam}: τ rises as θ falls", "tau", nq, True, ".2f"),
                     (f"{fam}: speedup rises as θ falls", "speedup", nt, True, ".2f"),
-                    (f"{fam}: speedup rises as θ falls, without samples that hit the budget", "speedup_no_budget",
+                    (f"{fam}: speedup rises as θ falls, budget hits left out", "speedup_no_budget",
                      nt, True, ".2f")):
                 verdict, ev = trend(rs, key, rising, fmt)
                 out.append({**base, "claim": claim, "n": "/".join(map(str, n)), "verdict": verdict, "evidence": ev})
