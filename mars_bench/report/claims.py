@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from mars_bench.stats import StatsSettings, _z
+from mars_bench.stats import StatsSettings
 
 from mars_bench.report.columns import val
 from mars_bench.report.frames import headline, study_groups
@@ -109,13 +109,15 @@ def n_to_decide(n, est, lo, hi, null: float = 0.0, log: bool = False,
     without an interval or n, inf when the estimate equals the null."""
     if None in (n, est, lo, hi) or not n or (log and min(est, lo, hi, null) <= 0):
         return None
+    from scipy.stats import norm
+
     f = math.log if log else float
-    z = _z(1 - settings.alpha / 2)
+    z = float(norm.ppf(1 - settings.alpha / 2))
     se = (f(hi) - f(lo)) / (2 * z)
     if not se > 0:
         return None
     d = abs(f(est) - f(null))
-    return math.inf if d == 0 else n * ((z + _z(settings.power)) * se / d) ** 2
+    return math.inf if d == 0 else n * ((z + float(norm.ppf(settings.power))) * se / d) ** 2
 
 
 def _sizing(n, est, lo, hi, null: float = 0.0, log: bool = False) -> str:
