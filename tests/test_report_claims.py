@@ -80,7 +80,8 @@ def test_an_undecided_quality_claim_says_the_n_that_decides_its_margin():
                 "vs_ar/bleu/n": 100, "metric_directions": {"bleu": direction}}
 
     verdict, ev = quality_verdict(row(-1.0, -3.0, 1.0), "bleu")
-    assert verdict.startswith("no change") and ev.endswith("at n ~3,270 if the estimate is the effect (32.7x this n)"), ev
+    assert verdict.startswith("no change"), verdict
+    assert ev.endswith("at n ~3,270 if the estimate is the effect (32.7x this n)"), ev
     assert "decided with" not in quality_verdict(row(0.1, -0.2, 0.4, ni=True), "bleu")[1]
     assert "decided with" not in quality_verdict(row(-3.0, -4.0, -2.0), "bleu")[1]     # refuted
     ev = quality_verdict(row(1.0, -1.0, 3.0, direction="lower"), "bleu")[1]           # distance 0.5 to +0.5

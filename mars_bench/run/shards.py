@@ -113,7 +113,8 @@ SHARDS: dict[str, Shard] = {
     # entries at wmt19's 5.9 min per 12 x 6.
     "wmt19_t02": Shard((("+experiment=study_theta", "task=wmt19_zh_en", "study.timed_min=12", "study.timed_max=12",
                          "temperature=0.2", *T1[1:], *DRAFT),), 10.8 * 7 / 6 + 5.9 * 7 / 6,
-                       "WMT19 zh-en, the authors' 100 segments, θ sweep at T = 0.2 (their other temperature); 12 timed"),
+                       "WMT19 zh-en, the authors' 100 segments, θ sweep at T = 0.2 (their other temperature); "
+                       "12 timed"),
     # EAGLE-3 with a head trained here (issue 50): the paper's Table 1 analogue (conf/experiment/study_eagle3.yaml) on
     # subsets of WMT19, HumanEval and GSM8K, 4 timed each: eagle3 greedy, eagle3_t1 at T = 1 (the authors' rule
     # settings), two packs so that each fits a sitting beside the head's training. The head comes from its recipe
