@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from mars_bench.stats import StatsSettings
+from mars_bench.stats import StatsSettings, mde
 
 from mars_bench.report.columns import val
 from mars_bench.report.frames import headline, study_groups
@@ -117,7 +117,7 @@ def n_to_decide(n, est, lo, hi, null: float = 0.0, log: bool = False,
     if not se > 0:
         return None
     d = abs(f(est) - f(null))
-    return math.inf if d == 0 else n * ((z + float(norm.ppf(settings.power))) * se / d) ** 2
+    return math.inf if d == 0 else n * (mde(se, settings) / d) ** 2   # the MDE at n' equals d
 
 
 def _sizing(n, est, lo, hi, null: float = 0.0, log: bool = False) -> str:
