@@ -1,5 +1,5 @@
 """The CPU kernel family's costs on the embedded pair (bf16 target), in this process: target forward of 1, 5
-and 8 new tokens after 200 tokens of context (fused where the target qualifies, and through transformers'
+and 8 new tokens (``--rows``; 16 for a 16-node tree's verification) after 200 tokens of context (fused where the target qualifies, and through transformers'
 modules beside it), a 100-token prefill, a 1-token forward of each draft setting, the
 machine's streaming rate and the peak RSS. Run it once per kernel family to compare them on one machine:
 
@@ -81,6 +81,17 @@ def layer_costs(layers: int, reps: int, rounds: int) -> dict:
             "threads": torch.get_num_threads()}
 
 
+def parse_rows(text: str) -> list[int]:
+    """``--rows``' row counts, 1 added (every ratio is to it), sorted; a bad list raises one line naming it."""
+    try:
+        rows = sorted({1, *(int(r) for r in text.split(","))})
+    except ValueError:
+        rows = [0]
+    if rows[0] < 1:
+        raise ValueError(f"--rows {text!r}: allowed is a comma-separated list of positive integers, e.g. 1,5,8,16")
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--drafts", default="q8,q4,int8", help="draft settings (int8 | q8 | q4, +v<N>), comma-separated")
@@ -89,7 +100,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch (and kernel) threads; default torch's own")
     ap.add_argument("--layers", type=int, default=0, help="time N layers of the target's shapes instead of the pair")
+    ap.add_argument("--rows", default="1,5,8", help="target forwards of these many new tokens, comma-separated "
+                    "(1 is always timed: every ratio is to it; 16 = a 16-node tree's verification)")
     args = ap.parse_args(argv)
+    try:
+        rows = parse_rows(args.rows)
+    except ValueError as e:
+        ap.error(str(e))
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.layers:
@@ -104,14 +121,17 @@ def main(argv=None) -> int:
         modules = pair.target.fork()
         modules.fused = None
         paths["modules"] = (modules, True)
-    costs = B.forward_costs(paths, [1, 5, 8], reps=args.reps, rounds=args.rounds)
+    costs = B.forward_costs(paths, rows, reps=args.reps, rounds=args.rounds)
     target = costs["target"]
     drafted = B.forward_costs({d: (a, True) for d, a in drafts.items()}, [1], reps=args.reps, rounds=args.rounds)
     weights = B.weight_bytes(pair.target.model)
     stream = B.stream_rate()
     out = {"isa": panel.isa(), "kernel": fastpath.kind(pair.target.model), "quant_kernel": quant.kind(),
            "target_path": "fused" if pair.target.fused is not None else "modules", "target_ms": target,
-           "target_modules_ms": costs.get("modules"), "verify5_ratio": target[5] / target[1], "verify8_ratio": target[8] / target[1],
+           "target_modules_ms": costs.get("modules"), "verify_ratio": {n: target[n] / target[1] for n in rows},
+           # the n-token forward's rate, one multiply-add (2 flops) per weight and row (attention left out): where
+           # it stops growing with n, the forward is compute-bound and each extra row costs its share
+           "target_gflop_per_s": {n: 2 * weights / 2 * n / (target[n] / 1e3) / 1e9 for n in rows},
            "target_weight_bytes": weights, "stream_gb_per_s": stream,
            "forward1_over_streaming_limit": target[1] / (weights / stream / 1e6),
            "prefill100_ms": prefill_ms(pair.target),

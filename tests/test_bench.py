@@ -197,3 +197,17 @@ def test_no_script_imports_another():
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert not imported & names, f"{path.name} imports {sorted(imported & names)}"
         assert '"scripts"' not in path.read_text(), f"{path.name} puts scripts/ on sys.path"
+
+
+def test_cpu_kernels_rows():
+    """scripts/bench_cpu_kernels.py --rows: 1 always timed (the ratios' base), sorted, duplicates once; a bad list is
+    refused in one line naming it before any model loads."""
+    kernels = script("bench_cpu_kernels")
+    assert kernels.parse_rows("16,5,8,5") == [1, 5, 8, 16]
+    assert kernels.parse_rows("1") == [1]
+    for bad in ("", "5,x", "0,8", "-4"):
+        with pytest.raises(ValueError, match=r"--rows .*positive integers"):
+            kernels.parse_rows(bad)
+    with pytest.raises(SystemExit) as e:
+        kernels.main(["--rows", "8,sixteen"])
+    assert e.value.code == 2
