@@ -96,6 +96,53 @@ def test_single_sequence_forwards_take_the_same_path():
     assert fast.cache_len == plain.cache_len == 24
 
 
+def test_single_sequence_tree_forwards_run_fused():
+    """A drafter's tree expansion (a single sequence's nodes with their mask and positions) takes the fused path:
+    logits bit-identical to the same tree fed as a batch of one (``tree_keys``), with a boolean or an additive
+    mask, within 1e-4 of the modules path under the same mask; a mask of the wrong width is refused in one line."""
+    from mars_bench.decode.tree import DraftTree, additive_mask
+    from mars_bench.models.forward.fused import mask_keys
+
+    _, plain, fast = drafts()
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 256, (20,), generator=g).tolist()
+    tree = DraftTree([5, 7, 8, 9, 11, 12], [-1, 0, 0, 1, 2, 4], [0, 1, 1, 2, 2, 3], [-1] * 6)
+    batched = fast.fork()
+    prefill((batched,), [prompt[:-1]])
+    want = batched.batch_forward([list(tree.tokens)], [tree])[0]
+    allowed = torch.cat([torch.ones(6, 19, dtype=torch.bool), tree.ancestors()], 1)
+    pos = (19 + torch.tensor(tree.depths))[None]
+    calls, inner = [], fast.fused.forward
+    fast.fused.forward = lambda *a: calls.append(1) or inner(*a)
+    for mask in (allowed[None, None], additive_mask(allowed, plain.model)):
+        for a in (plain, fast):
+            a.reset()
+            a.forward(prompt[:-1], logits=False)
+        assert torch.equal(fast.forward(tree.tokens, attention_mask=mask, position_ids=pos), want)
+        torch.testing.assert_close(plain.forward(tree.tokens, attention_mask=mask, position_ids=pos), want,
+                                   atol=1e-4, rtol=1e-4)
+        assert fast.cache_len == plain.cache_len == 25
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match="attention_mask spans 24 columns; allowed: the cache's and the new tokens' "
+                                         "25"):
+        mask_keys(allowed[:, 1:], 25)
+
+
+def test_a_fused_drafters_trees_equal_the_modules_drafters(prompt_ids):
+    """Tree drafting through ``LMDrafter`` on the fused draft: every expansion one fused call, and greedy sd_tree /
+    mars_tree give the tokens the modules draft gives (sd_tree: ar's, whichever draft)."""
+    t, plain, fast = drafts()
+    cfg = DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,))
+    spec = {"depth": 3, "top_k": 2, "total_tokens": 8}
+    calls, inner = [], fast.fused.forward
+    fast.fused.forward = lambda *a: calls.append(1) or inner(*a)
+    for ids in prompt_ids[:4]:
+        for m in (Method("sd_tree", rule="exact", tree=spec),
+                  Method("mars_tree", rule="mars", rule_kwargs={"theta": 0.9}, tree=spec)):
+            assert generate(t, fast, None, ids, m, cfg).tokens == generate(t, plain, None, ids, m, cfg).tokens
+    assert len(calls) > 4 * 2 * 3
+
+
 def test_greedy_sd_and_mars_theta_1_stay_lossless(prompt_ids, hf_reference):
     t, _, fast = drafts()
     cfg = DecodeConfig(max_new_tokens=MAX_NEW, eos_ids=(EOS,))

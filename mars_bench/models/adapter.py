@@ -172,8 +172,7 @@ class CausalLMAdapter(BatchCacheMixin, SequenceModel):
         boolean ``attention_mask`` over [cache + n] and ``position_ids`` [1, n].
         """
         ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(1, -1)
-        chain = logits and attention_mask is None and position_ids is None
-        path = choose(self, self.cache_len, ids.shape[1], batched=False, hidden_states=hidden_states, chain=chain)
+        path = choose(self, self.cache_len, ids.shape[1], batched=False, hidden_states=hidden_states, logits=logits)
         return path.forward(self, ids, attention_mask, position_ids, logits, hidden_states)
 
     # -- memory ------------------------------------------------------------------------------

@@ -2,10 +2,11 @@
 picks one (``choose``):
 
 - ``eager``: transformers' modules over cache views exactly as wide as the tokens held (prefills, single-sequence
-  forwards with a mask, and every forward that neither of the others takes);
+  forwards without logits, and every forward that neither of the others takes);
 - ``fused``: one C call per layer (``models.fused.FusedDecoder``, set as ``adapter.fused`` by the loader where the
-  model qualifies): a single sequence's chains of 1 .. FUSED_MAX tokens after a prefill, scored with logits, and
-  batched forwards (chains and trees), with the per-layer hidden states where asked (an EAGLE-3 target);
+  model qualifies): a single sequence's forwards of 1 .. FUSED_MAX tokens after a prefill, scored with logits (a
+  chain, or a draft tree's nodes with their mask and positions), and batched forwards (chains and trees), with the
+  per-layer hidden states where asked (an EAGLE-3 target);
 - ``fixed``: fixed shapes (``adapter.fixed_shape``, what ``model.capture`` sets): batched forwards and a single
   sequence's forwards of up to FUSED_MAX tokens after a prefill, over power-of-two cache widths, so each shape is
   captured once (CUDA graphs).
@@ -22,11 +23,11 @@ FUSED_MAX = 32           # single-sequence forwards of at most this many tokens 
 EAGER, FUSED, FIXED = Eager(), Fused(), Fixed()
 
 
-def choose(a, width: int, n: int, batched: bool, hidden_states: bool = False, chain: bool = True) -> ForwardPath:
+def choose(a, width: int, n: int, batched: bool, hidden_states: bool = False, logits: bool = True) -> ForwardPath:
     """The path of adapter ``a``'s next forward: ``n`` new tokens (a batch: the most a row takes) after ``width``
-    cached columns (a batch: its longest row); ``batched``: ``batch_forward`` (else ``forward``); ``chain``: a
-    single sequence's chain scored with logits (no attention mask, no position ids)."""
-    if a.fused is not None and width and (batched or (chain and 0 < n <= FUSED_MAX)):
+    cached columns (a batch: its longest row); ``batched``: ``batch_forward`` (else ``forward``); ``logits``: a
+    single sequence's forward scores its tokens (a chain, or tree nodes under their mask), not a prefill's."""
+    if a.fused is not None and width and (batched or (logits and 0 < n <= FUSED_MAX)):
         return FUSED
     if a.fixed_shape and (batched or (width and n <= FUSED_MAX)):
         return FIXED

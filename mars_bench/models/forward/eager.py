@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from mars_bench.decode.tree.mask import additive, ancestors
+from mars_bench.decode.tree.mask import additive, additive_mask, ancestors
 from mars_bench.models.forward.path import ForwardPath
 
 PAD_ID = 0               # batched forwards: the id fed in padding slots (masked out, its logits unused)
@@ -25,6 +25,8 @@ class Eager(ForwardPath):
     def forward(self, a, ids, attention_mask, position_ids, logits: bool, hidden_states: bool):
         kwargs = {a.cache_kw: a.cache, "use_cache": True}
         if attention_mask is not None:
+            if attention_mask.dtype == torch.bool:        # transformers' eager attention adds the mask: make it so
+                attention_mask = additive_mask(attention_mask.reshape(attention_mask.shape[-2:]), a.model)
             kwargs["attention_mask"] = {"full_attention": attention_mask}
         if position_ids is not None:
             kwargs["position_ids"] = position_ids.to(a.device)

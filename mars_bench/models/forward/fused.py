@@ -15,15 +15,19 @@ from mars_bench.models.forward.path import ForwardPath
 
 
 class Fused(ForwardPath):
-    """``a.fused``'s one call per layer: chains of a single sequence, chains and trees of a batch, with their
-    hidden states where asked (no prefill: ``models.forward.choose`` sends only those here)."""
+    """``a.fused``'s one call per layer: a single sequence's chains and tree nodes, chains and trees of a batch,
+    with their hidden states where asked (no prefill: ``models.forward.choose`` sends only those here)."""
 
     def forward(self, a, ids, attention_mask, position_ids, logits: bool, hidden_states: bool):
+        """A chain (no mask: token i at column and position width + i, causal), or a tree's nodes: the same
+        columns, at ``position_ids``, each attending to the columns its ``attention_mask`` row allows."""
         n, width = ids.shape[1], a.cache_len
         at = torch.arange(width, width + n, device=a.device)
+        pos = at if position_ids is None else position_ids.reshape(n).to(at)
+        keys = chain_keys(width, n) if attention_mask is None else mask_keys(attention_mask, width + n)
         with a.timed():
-            out = a.fused.forward(a.cache, ids[0], at, torch.zeros_like(at), at, *flat(chain_keys(width, n)),
-                                  1, width + n, hidden_states)
+            out = a.fused.forward(a.cache, ids[0], pos, torch.zeros_like(at), at, *flat(keys), 1, width + n,
+                                  hidden_states)
         if not hidden_states:
             return a.widen_logits(out)
         return a.widen_logits(out[0]), tuple(h[None] for h in out[1])
@@ -78,6 +82,18 @@ def tree_keys(length: int, parents: list[int]) -> list[torch.Tensor]:
             j = parents[j]
         out.append(torch.cat([torch.arange(length), torch.tensor(path[::-1])]))
     return out
+
+
+def mask_keys(mask: torch.Tensor, span: int) -> list[torch.Tensor]:
+    """Cache columns each of a single sequence's n new tokens attends to, read off a tree forward's mask over the
+    ``span`` = cache + n columns ([1, 1, n, span] or [n, span]; boolean: True attends; additive: 0 attends), the
+    token's own column included (a tree mask always allows it)."""
+    allowed = mask.reshape(-1, mask.shape[-1]).cpu()
+    allowed = allowed if allowed.dtype == torch.bool else allowed == 0
+    if allowed.shape[1] != span:
+        raise ValueError(f"attention_mask spans {allowed.shape[1]} columns; allowed: the cache's and the new "
+                         f"tokens' {span}")
+    return [row.nonzero().flatten() for row in allowed]
 
 
 def flat(keys: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
