@@ -124,6 +124,46 @@ def test_a_studys_figures_are_drawn_once_for_the_phase_that_answers_them():
             assert all(p.is_file() for p in d.paths)
 
 
+def test_footnotes_every_row_points_to_are_named_once_above_the_block():
+    """A footnote on every row of a block (the machine a phase was timed on, its contention check) is named once in
+    the block's line; each row keeps its own markers and its '⚠'; the CSV keeps every footnote of every row."""
+    import pandas as pd
+
+    from mars_bench.report.compact import _common_notes, note_numbers
+    from mars_bench.report.writer import Table
+
+    assert note_numbers("⚠ [2,3,5-7,10]") == [2, 3, 5, 6, 7, 10] and note_numbers("") == note_numbers("–") == []
+    assert _common_notes(["⚠ [1-3]", "[2,3,5]"]) == [2, 3] and _common_notes(["[2,3]"]) == []
+    t = Table("T", "c", [("label", "method", ""), ("notes", "notes", "")])
+    t.footnotes = ["machine", "contention", "dirty", "other"]
+    t.data = pd.DataFrame({"label": ["ar", "sd k=4", "mars θ=0.9 k=4"], "notes": ["[1,2]", "⚠ [1-3]", "[1,2,4]"]})
+    md = t.to_markdown()
+    assert "notes on every row: **[1,2]**" in md
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in _table_lines(md)[2:]}
+    assert rows == {"ar": "", "sd": "⚠ [3]", "mars θ=0.9": "[4]"}, rows
+    assert t.to_csv().splitlines()[2].endswith("machine | contention | dirty")
+    single = Table("T", "c", t.columns, t.data.iloc[:1].copy(), list(t.footnotes))
+    assert "on every row" not in single.to_markdown() and "[1,2]" in single.to_markdown()
+
+
+def test_a_claims_block_names_the_words_its_methods_share_once():
+    """A claim's method (its words before ': ') loses the words every method of the block has and, on the claims that
+    name a lossy method or a θ sweep (the table's hidden '_relaxed'), the words only those have; named once above."""
+    import pandas as pd
+
+    from mars_bench.report.writer import Table
+
+    t = Table("Claims", "c", [("claim", "claim", ""), ("verdict", "verdict", "")])
+    t.data = pd.DataFrame({"claim": ["sd k=4 q4: faster than ar", "mars k=4 ratio margin q4: τ rises as θ falls",
+                                     "mars θ=0.9 k=4 ratio margin q4: faster than sd k=4 q4"],
+                           "verdict": ["resolved"] * 3, "_relaxed": [False, True, True]})
+    md = t.to_markdown()
+    assert "every method but ar: **k=4 q4**" in md and "every θ row: **ratio margin**" in md, md
+    cells = [line.split("|")[1].strip() for line in _table_lines(md)[2:]]
+    assert cells == ["sd: faster than ar", "mars: τ rises as θ falls", "mars θ=0.9: faster than sd k=4 q4"]
+    assert "_relaxed" not in t.to_csv()
+
+
 def test_the_compact_view_names_the_relaxed_rows_rule_settings_once():
     from mars_bench.report.compact import _relaxed_flags
 

@@ -182,7 +182,8 @@ def claims_table(runs: pd.DataFrame) -> Table:
                     (f"{fam}: speedup rises as θ falls, budget hits left out", "speedup_no_budget",
                      nt, True, ".2f")):
                 verdict, ev = trend(rs, key, rising, fmt)
-                out.append({**base, "claim": claim, "n": "/".join(map(str, n)), "verdict": verdict, "evidence": ev})
+                out.append({**base, "claim": claim, "n": "/".join(map(str, n)), "verdict": verdict, "evidence": ev,
+                            "_relaxed": True})
             m = headline(rs[0])
             if m:
                 for r in rs:   # the Δ columns under one name for trend()
@@ -191,10 +192,11 @@ def claims_table(runs: pd.DataFrame) -> Table:
                 higher = val(rs[0], "metric_directions", {}).get(m, "higher") == "higher"
                 verdict, ev = trend(rs, "_delta", rising=not higher, fmt=".2f")
                 out.append({**base, "claim": f"{fam}: the {m} loss grows as θ falls", "n": "/".join(map(str, nq)),
-                            "verdict": verdict, "evidence": f"Δ {m} vs ar: " + ev})
+                            "verdict": verdict, "evidence": f"Δ {m} vs ar: " + ev, "_relaxed": True})
         for r in rows:
             if r["method"] == "ar":
                 continue
+            base = {**base, "_relaxed": bool(r["relaxed"])}   # the compact view's cue (compact._relaxed_flags)
             m = headline(r)
             if r["relaxed"] and m:
                 verdict, ev = quality_verdict(r, m)

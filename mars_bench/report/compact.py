@@ -14,7 +14,10 @@
                         bleu's): said once under the table;
                       - the words every method's label shares (k=4, a draft quantization; not θ): named once;
                         so are the words after θ that every θ row's label has and no other has (a rule's
-                        settings, e.g. 'ratio margin');
+                        settings, e.g. 'ratio margin'); the method a claim names (its words before ': ') alike,
+                        the table's hidden '_relaxed' saying which claims name a lossy method or θ sweep;
+                      - the footnotes every row of the block points to (the machine a phase was timed on, its
+                        contention check): named once, the rows keep their own (and their '⚠');
                       - the ``Table.aside`` columns (long text, e.g. a claim's evidence): a row number '#' in the
                         table and the text listed under it, one line per row.
     markdown(table)   the blocks as pipe tables (``md_table``).
@@ -55,6 +58,7 @@ def view(t) -> View:
              and all(c[k] == c[kept] for c in cells)]
     shown = [k for k in shown if head[k] not in {a for a, _ in equal}]
     same_rows = list(t.data["_same_as"]) if "_same_as" in t.data else [None] * len(cells)
+    flags = list(t.data["_relaxed"]) if "_relaxed" in t.data else None   # which rows name a lossy method
     equal += list(dict.fromkeys(tuple(x) for x in same_rows if isinstance(x, (tuple, list))))
     context = [k for k in CONTEXT if k in shown]
     order: dict[tuple, list[int]] = {}
@@ -70,18 +74,23 @@ def view(t) -> View:
         aside = [k for k in t.aside if k in shown and any(cells[i][k] != EMPTY for i in idx)]
         named = [(head[k], v) for k, v in zip(context, values)] + [
             (head[k], next(cells[i][k] for i in idx if cells[i][k] != EMPTY)) for k in hoisted]
-        shared = _shared_flags([cells[i]["label"] for i in idx]) if "label" in cols else []
-        if shared:
-            named.append(("every method but ar", " ".join(shared)))
+        key = next((k for k in ("label", "claim") if k in cols), None)   # the cell that names a method first
+        subject = {i: _subject(cells[i][key]) for i in idx} if key else {}
+        lossy = {i: None if flags is None else bool(flags[i]) for i in subject}
+        shared = _shared_flags(list(subject.values()))
+        relaxed = [x for x in _relaxed_flags(list(subject.values()), list(lossy.values())) if x not in shared]
+        named += [(h, " ".join(w)) for h, w in (("every method but ar", shared), ("every θ row", relaxed)) if w]
+        for i in subject:
+            gone = set(shared) | (set(relaxed) if _is_lossy(subject[i], lossy[i]) else set())
+            words = " ".join(x for x in subject[i].split() if x not in gone)
+            cells[i] = {**cells[i], key: words + cells[i][key][len(subject[i]):]}
+        common = _common_notes([cells[i]["notes"] for i in idx]) if "notes" in cols else []
+        if common:
+            named.append((f"{head['notes']} on every row", note_marks(common)))
             for i in idx:
-                cells[i] = {**cells[i], "label": " ".join(x for x in cells[i]["label"].split() if x not in shared)}
-        relaxed = _relaxed_flags([cells[i]["label"] for i in idx]) if "label" in cols else []
-        if relaxed:
-            named.append(("every θ row", " ".join(relaxed)))
-            for i in idx:
-                if _theta_at(cells[i]["label"].split()) is not None:
-                    cells[i] = {**cells[i], "label": " ".join(x for x in cells[i]["label"].split()
-                                                              if x not in relaxed)}
+                left = [n for n in note_numbers(cells[i]["notes"]) if n not in common]
+                cells[i] = {**cells[i], "notes": note_marks(left, "⚠" in cells[i]["notes"]) or "⚠" * (
+                    "⚠" in cells[i]["notes"])}
         columns = ([("#", "#", "d")] if aside else []) + [(k, t.short.get(k, h), f) for k, h, f in t.columns
                                                            if k in cols]
         rows = [([str(i + 1)] if aside else []) + [cells[i][k] for k in cols] for i in idx]
@@ -100,20 +109,59 @@ def _shared_flags(labels: list[str]) -> list[str]:
     return [x for x in words[0] if x in common and not x.startswith("θ=")]
 
 
+def _common_notes(marks: list[str]) -> list[int]:
+    """The footnotes every row of a block (two or more rows) points to: named once above it."""
+    nums = [set(note_numbers(m)) for m in marks]
+    return sorted(set.intersection(*nums)) if len(nums) >= 2 else []
+
+
 def _theta_at(words: list[str]) -> int | None:
     return next((j for j, x in enumerate(words) if x.startswith("θ=")), None)
 
 
-def _relaxed_flags(labels: list[str]) -> list[str]:
-    """The words after θ that every relaxed label (one with a θ) has and no other label has (a rule's settings,
-    e.g. the authors' 'ratio margin' at T = 1): named once above the block."""
-    split = [x.split() for x in labels if x != EMPTY]
-    after = [w[_theta_at(w) + 1:] for w in split if _theta_at(w) is not None]
+def _subject(cell: str) -> str:
+    """The method a cell names: a label, or a claim's words before ': '."""
+    return cell.split(": ", 1)[0]
+
+
+def _is_lossy(label: str, flag: bool | None) -> bool:
+    return _theta_at(label.split()) is not None if flag is None else flag
+
+
+def _relaxed_flags(labels: list[str], lossy: list | None = None) -> list[str]:
+    """The words every relaxed label has (after its θ, or after the method's name for a θ sweep's family) and no
+    other label has (a rule's settings, e.g. the authors' 'ratio margin' at T = 1): named once above the block.
+    ``lossy``: per label whether it names a lossy method (None: the labels with a θ)."""
+    pairs = [(x.split(), _is_lossy(x, f)) for x, f in zip(labels, lossy or [None] * len(labels)) if x != EMPTY]
+    after = [w[(_theta_at(w) if _theta_at(w) is not None else 0) + 1:] for w, is_lossy in pairs if is_lossy]
     if not after:
         return []
-    others = {x for w in split if _theta_at(w) is None for x in w}
+    others = {x for w, is_lossy in pairs if not is_lossy for x in w}
     common = set(after[0]).intersection(*after[1:]) - others
     return [x for x in after[0] if x in common]
+
+
+def note_marks(marks, warn: bool = False) -> str:
+    """A row's footnote markers in one bracket, sorted, runs as ranges: '⚠ [3,4,6,10-12]' ('⚠' when ``warn``)."""
+    nums, parts = sorted(set(marks)), []
+    for n in nums:
+        if parts and n == parts[-1][1] + 1:
+            parts[-1][1] = n
+        else:
+            parts.append([n, n])
+    text = ",".join(str(a) if a == b else f"{a},{b}" if b == a + 1 else f"{a}-{b}" for a, b in parts)
+    return (("⚠ " if warn else "") + f"[{text}]") if nums else ""
+
+
+def note_numbers(marks) -> list[int]:
+    """The footnote numbers of a row's markers (``note_marks``' text: '⚠ [3,4,6,10-12]' -> [3, 4, 6, 10, 11, 12])."""
+    if not isinstance(marks, str) or "[" not in marks:   # '', '⚠' or the empty cell '–'
+        return []
+    nums: list[int] = []
+    for part in marks[marks.index("[") + 1:marks.rindex("]")].split(","):
+        lo, _, hi = part.strip().partition("-")
+        nums += range(int(lo), int(hi or lo) + 1)
+    return nums
 
 
 def blocks(t) -> list[Block]:

@@ -24,7 +24,8 @@ from mars_bench.report.columns import val
 from mars_bench.report.frames import headline, is_twin, study_pairs
 from mars_bench.report.definitions import (BASE, CI_DEFINITION, NI_DEFINITION, NO_BUDGET_DEFINITION, SPEED_DEFS, TRUNCATION_LIMIT,
                           metric_label, paired_cells)
-from mars_bench.report.writer import Table, ci, note_marks
+from mars_bench.report.compact import note_marks
+from mars_bench.report.writer import Table, ci
 
 QUALITY_COLUMNS = {**ci("tau"), **ci("pct_identical", "identical")}
 SPEED_COLUMNS = {"n": "n_timed", **ci("tokens_per_s"), **ci("speedup"), **ci("speedup_authors"),

@@ -33,7 +33,8 @@ from mars_bench.report.definitions import (ACCEPTANCE_DEFINITION, AUTHORS_DEFINI
 from mars_bench.report.frames import DEFAULT_THETA, at_theta, groups, headline, reported, rows
 from mars_bench.report.paper import paper_table, paper_tables  # noqa: F401 (paper_table: the API)
 from mars_bench.report.study import study_table
-from mars_bench.report.writer import ARROW, Table, ci, cells, note_marks, select
+from mars_bench.report.compact import note_marks
+from mars_bench.report.writer import ARROW, Table, ci, cells, select
 
 SPEED = {"n": "n", "acceptance_rate": "acceptance", **ci("tokens_per_s"), **ci("tau"), **ci("tau_authors"),
          **ci("speedup"), **ci("speedup_authors"), **ci("speedup_no_budget")}

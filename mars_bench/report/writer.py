@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from mars_bench.report.columns import val
-from mars_bench.report.compact import markdown, md_table
+from mars_bench.report.compact import markdown, md_table, note_numbers
 
 ARROW = {"higher": "↑", "lower": "↓"}
 _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
@@ -66,18 +66,6 @@ def cells(runs: pd.DataFrame, metrics, names: dict) -> pd.DataFrame:
     rows = [r for _, r in runs.iterrows()]
     return pd.DataFrame({key: [val(r, pat.format(m=m)) if m else None for r, m in zip(rows, ms)]
                          for pat, key in names.items()}, index=runs.index)
-
-
-def note_marks(marks, warn: bool = False) -> str:
-    """A row's footnote markers in one bracket, sorted, runs as ranges: '⚠ [3,4,6,10-12]' ('⚠' when ``warn``)."""
-    nums, parts = sorted(set(marks)), []
-    for n in nums:
-        if parts and n == parts[-1][1] + 1:
-            parts[-1][1] = n
-        else:
-            parts.append([n, n])
-    text = ",".join(str(a) if a == b else f"{a},{b}" if b == a + 1 else f"{a}-{b}" for a, b in parts)
-    return (("⚠ " if warn else "") + f"[{text}]") if nums else ""
 
 
 @dataclass
@@ -142,13 +130,7 @@ class Table:
 
     def notes_of(self, marks) -> list[str]:
         """The footnotes a row's markers (``note_marks``) point to."""
-        if not isinstance(marks, str) or not marks.strip("⚠ "):
-            return []
-        nums = []
-        for part in marks.replace("⚠", "").strip().strip("[]").split(","):
-            lo, _, hi = part.strip().partition("-")
-            nums += range(int(lo), int(hi or lo) + 1)
-        return [self.footnotes[i - 1] for i in nums]
+        return [self.footnotes[i - 1] for i in note_numbers(marks)]
 
     def _note_text(self, marks) -> str:
         return " | ".join(self.notes_of(marks))
