@@ -195,7 +195,7 @@ def test_every_shard_fits_two_hours_on_the_machine_that_timed_the_study():
                              "eagle3_t1", "wmt19_t02"}
     # the T = 1 shards take longer than a sitting (measured: shards.py), the greedy ones fit one; HumanEval's T = 1
     # trees at its n are several sittings (parked and resumed)
-    bound = lambda n: 1000 if n == "trees_t1_humaneval" else 300 if "_t1" in n else 120   # noqa: E731
+    bound = lambda n: 1100 if n == "trees_t1_humaneval" else 300 if "_t1" in n else 120   # noqa: E731
     assert all(0 < s.est_min <= bound(n) for n, s in S.SHARDS.items())
     for s in S.SHARDS.values():   # a fixed timed size: which samples are timed never depends on an interruption
         for args in s.commands:

@@ -110,3 +110,22 @@ def test_trees_t1_shapes_experiment_entries():
     assert sorted(t.scheme for t in mars) == ["sd", "sd_tree"]   # the drafting scheme; the rule is mars
     assert all(t.settings["theta"] == 0.9 and t.settings.get("sampled_top1") == "margin" for t in mars)
     assert all(t.topk_q in (None, "onehot") for t in mars)
+
+
+def test_study_trees_t1_pairs_every_mars_tree_with_its_own_drafting_verified_exactly():
+    """The paper's main setting (study_trees_t1): entries valid and distinct, at T = 1; MARS alone's entries (point-
+    mass q) have their lossless reference (the same tree, rule exact) among the entries, so the report's paired
+    'faster than' claim reads the rule's effect alone; the best lossless tree and the authors' baseline are there."""
+    base = ["+experiment=study_trees_t1", "task=wmt19_zh_en"]
+    cfg = cfg_of(*base)
+    specs = []
+    for entry in [list(e) for e in cfg.interleave]:
+        v = cfg_of(*base, *entry)
+        validate(v)
+        specs.append(spec_of(v, 256))
+    assert len({s.label for s in specs}) == len(specs) == 15
+    assert all(s.temperature == 1.0 for s in specs)
+    alone = [s for s in specs if s.rule == "mars" and s.topk_q == "onehot"]
+    assert len(alone) == 5 and all(s.lossless_reference() in specs for s in alone)
+    assert any(s.scheme == "sd_tree" and s.sample_children and s.lossless for s in specs)
+    assert any(s.scheme == "sd_tree" and s.topk_q == "draft" and s.rule == "exact" for s in specs)

@@ -98,14 +98,15 @@ SHARDS: dict[str, Shard] = {
     "humaneval_t1": Shard((_methods("humaneval", 8, "study_t1"),), (363 * 26 / 60 + 2.5 * 5.2 * 2) * 164 / 121,
                           "HumanEval, all 164, T = 1 chains (their SPD table), seed 0; 8 timed"),
     # The paper's main setting at its n (issue 48): T = 1 trees with the theta sweep (conf/experiment/
-    # study_trees_t1.yaml, 14 entries), 12 timed; parked and resumed over sittings. est_min: the trees pack's 16
-    # segments x 13 entries at batch size 1 took 20 min on the AMX machine (~5.8 s a segment and entry), so 100
-    # segments x 13 decoded entries ~125 min (the quality phase's batching not counted: an upper bound) + 12 timed x
-    # 14 ~16 min; HumanEval's T = 1 outputs are ~4x WMT19's in tokens (humaneval_t1), so 164 problems ~6.6x that.
+    # study_trees_t1.yaml: 15 entries; trees_t1_wmt19 ran the 14 before mars_tree's exact-verified twin was added),
+    # 12 timed; parked and resumed over sittings. est_min: the trees pack's 16 segments x 13 entries at batch size 1
+    # took 20 min on the AMX machine (~5.8 s a segment and entry), so 100 segments x 13 decoded entries ~125 min (the
+    # quality phase's batching not counted: an upper bound) + 12 timed x 14 ~16 min; HumanEval's T = 1 outputs are
+    # ~4x WMT19's in tokens (humaneval_t1), so 164 problems x 14 decoded entries ~6.6 x 14 / 13 times WMT19's.
     "trees_t1_wmt19": Shard((("+experiment=study_trees_t1", "task=wmt19_zh_en"),), 5.8 * 13 * 100 / 60 + 16,
                             "WMT19 zh-en, the authors' 100 segments, T = 1 trees, theta sweep; 12 timed"),
     "trees_t1_humaneval": Shard((("+experiment=study_trees_t1", "task=humaneval"),),
-                                (5.8 * 13 * 100 / 60 + 16) * 6.6,
+                                (5.8 * 14 * 100 / 60 + 17) * 6.6,
                                 "HumanEval, all 164, T = 1 trees, theta sweep; 12 timed (several sittings)"),
     # The paper's other temperature (issue 48): the θ sweep of wmt19 (study_theta.yaml: ar, sd, mars at the authors'
     # θ grid, chains k 4) at T = 0.2, top-p 1, with the authors' rule settings; sd is lossless sampling, so its
