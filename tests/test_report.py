@@ -276,6 +276,24 @@ def test_default_out_is_root_report(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_bad_input_is_refused_in_one_line_and_a_bug_keeps_its_traceback(tmp_path, capsys, monkeypatch):
+    root = tmp_path / "results"
+    shutil.copytree(FIX / "worker0", root)
+    assert main([str(root), "--no-figures", "--results-md", str(tmp_path / "x.md")]) == 2   # not a pack
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("mars-bench-report: error: --results-md reads a packed results tree; got ")
+    assert "allowed: an existing file ending in .tar.xz" in err[-1]
+    assert main([str(root), "--no-figures", "--pack", str(tmp_path / "x.zip")]) == 2
+    assert "allowed: a name ending in .tar.xz" in capsys.readouterr().err
+
+    def bug(*a, **k):
+        raise ValueError("a bug in the report")
+    import mars_bench.cli.report as cli
+    monkeypatch.setattr(cli, "write_report", bug)
+    with pytest.raises(ValueError, match="a bug in the report"):
+        main([str(root), "--no-figures"])
+
+
 def test_summary_only_run(tmp_path):
     run = tmp_path / "r" / TD / "ar-T0-p1-n8-s0"
     run.mkdir(parents=True)

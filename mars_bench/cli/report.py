@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mars_bench.base.errors import InputError
 from mars_bench.report import DEFAULT_THETA, print_console, write_report
 from mars_bench.report.docs import write_results_md
 from mars_bench.run.shards import missing
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.pack:
             print(f"mars-bench-report: packed {len(pack(args.roots[0], args.pack))} files to {args.pack}",
                   file=sys.stderr)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, InputError) as e:   # bad input: one line; a bug keeps its traceback
         print(f"mars-bench-report: error: {e}", file=sys.stderr)
         return 2
     frames = res["frames"]

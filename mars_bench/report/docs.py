@@ -25,6 +25,7 @@ import contextlib
 import json
 from pathlib import Path
 
+from mars_bench.base.errors import InputError
 from mars_bench.store.io import atomic_write_text, read_samples
 from mars_bench.report.frames import load_frames, record_commits
 from mars_bench.store.pack import is_pack, unpacked
@@ -83,7 +84,7 @@ def stamp(pack: str | Path | list, prov: dict, command: str, gap: str = "") -> s
 
 def _check_pack(pack: str | Path) -> None:
     if not is_pack(pack):
-        raise ValueError(f"--results-md reads a packed results tree; got {str(pack)!r}; allowed: an existing "
+        raise InputError(f"--results-md reads a packed results tree; got {str(pack)!r}; allowed: an existing "
                          f"file ending in .tar.xz (mars-bench-report --pack writes one)")
 
 
@@ -95,7 +96,7 @@ def section(pack: str | Path, command: str) -> str:
         prov = provenance(root)
         frames = load_frames(root)
     if frames.runs.empty:
-        raise ValueError(f"{pack}: no runs in the pack; allowed: a pack written by mars-bench-report --pack")
+        raise InputError(f"{pack}: no runs in the pack; allowed: a pack written by mars-bench-report --pack")
     table = study_table(frames.runs)
     if table.data.empty:
         table = main_table(frames.runs)
@@ -125,7 +126,7 @@ def _replace(path: Path, text: str, name: str | Path, body: str) -> str:
     begin, end = markers(name)
     i, j = text.find(begin), text.find(end)
     if i < 0 or j < i:
-        raise ValueError(f"{path}: no '{begin}' ... '{end}' pair; allowed: a markdown file holding both "
+        raise InputError(f"{path}: no '{begin}' ... '{end}' pair; allowed: a markdown file holding both "
                          f"markers, in that order, where the generated section goes")
     return text[:i + len(begin)] + "\n" + body + "\n" + text[j:]
 

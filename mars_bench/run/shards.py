@@ -44,6 +44,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mars_bench.base.errors import InputError
 from mars_bench.store.provenance import DECODING, same_code
 
 RUNS = Path("results/shards")    # each shard's results tree: RUNS/<name>/ (not committed)
@@ -164,7 +165,7 @@ def run_shard(name: str, shards: dict[str, Shard] | None = None, runs: Path = RU
 
     shards = SHARDS if shards is None else shards
     if name not in shards:
-        raise ValueError(f"shard {name!r}; allowed: {', '.join(shards)}")
+        raise InputError(f"shard {name!r}; allowed: {', '.join(shards)}")
     out = pack_path(name, packs)
     if out.is_file():
         print(f"shards: {name}: done ({out} exists)", file=sys.stderr)
@@ -201,12 +202,12 @@ def park(name: str, runs: Path = RUNS, parts: Path = PARTS, packs: Path = PACKS)
     from mars_bench.store.pack import pack
 
     if name not in SHARDS:
-        raise ValueError(f"shard {name!r}; allowed: {', '.join(SHARDS)}")
+        raise InputError(f"shard {name!r}; allowed: {', '.join(SHARDS)}")
     if pack_path(name, packs).is_file():
-        raise ValueError(f"shard {name!r} is done ({pack_path(name, packs)} exists); allowed: a shard not packed yet")
+        raise InputError(f"shard {name!r} is done ({pack_path(name, packs)} exists); allowed: a shard not packed yet")
     tree = Path(runs) / name
     if not _has_samples(tree):
-        raise ValueError(f"shard {name!r} has no records in {tree}; allowed: a shard that has run here")
+        raise InputError(f"shard {name!r} has no records in {tree}; allowed: a shard that has run here")
     out = pack_path(name, parts)
     members = pack(tree, out)
     print(f"shards: {name}: parked {len(members)} files to {out} (commit it; `run {name}` resumes it)",
@@ -241,10 +242,10 @@ def retime(name: str, shards: dict[str, Shard] | None = None, runs: Path = RUNS,
 
     shards = SHARDS if shards is None else shards
     if name not in shards:
-        raise ValueError(f"shard {name!r}; allowed: {', '.join(shards)}")
+        raise InputError(f"shard {name!r}; allowed: {', '.join(shards)}")
     out = pack_path(name, packs)
     if not out.is_file():
-        raise ValueError(f"shard {name!r} has no pack ({out}); allowed: a packed shard (`run {name}` writes it)")
+        raise InputError(f"shard {name!r} has no pack ({out}); allowed: a packed shard (`run {name}` writes it)")
     tree = Path(runs) / f"{name}.retime"
     if (tree / RETIMING).is_file():
         print(f"shards: {name}: resuming the retime in {tree}", file=sys.stderr)
@@ -253,7 +254,7 @@ def retime(name: str, shards: dict[str, Shard] | None = None, runs: Path = RUNS,
             dirs = find_run_dirs(root)
             timed = [d for d in dirs if _phase(d) == "timed"]
             if not timed:
-                raise ValueError(f"shard {name}'s pack {out} has no timed phase (its runs are plain batch-size-1 "
+                raise InputError(f"shard {name}'s pack {out} has no timed phase (its runs are plain batch-size-1 "
                                  f"runs); allowed: a study's shard (one of "
                                  f"{', '.join(n for n in shards if n != name)}), or `run` it again in a fresh tree")
             staging = tree.with_name(tree.name + ".staging")   # the tree is written whole or not at all
@@ -434,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         names = list(SHARDS) if args.all else args.names
         unknown = [n for n in names if n not in SHARDS]
         if not names or unknown:
-            raise ValueError(f"shard {unknown[0] if unknown else 'none'!r}; allowed: "
+            raise InputError(f"shard {unknown[0] if unknown else 'none'!r}; allowed: "
                              f"{'' if args.cmd == 'retime' else '--all or '}one or more of {', '.join(SHARDS)}")
         for name in names:
             if args.cmd == "retime":
@@ -442,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             run_shard(name, runs=Path(args.runs), packs=Path(args.packs), extra=extra, parts=Path(args.parts),
                       allow_mixed=args.allow_mixed)
-    except (ValueError, DirtyTree, PartMismatch) as e:
+    except (InputError, DirtyTree, PartMismatch) as e:   # bad input: one line; a bug keeps its traceback
         print(f"shards: error: {e}", file=sys.stderr)
         return 2
     return 0

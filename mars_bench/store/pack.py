@@ -9,6 +9,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from mars_bench.base.errors import InputError
 from mars_bench.store.read import find_run_dirs
 
 RUN_FILES = ("run.json", "samples.jsonl", "summary.json", "config.yaml")
@@ -23,7 +24,7 @@ def pack(root: str | Path, path: str | Path) -> list[str]:
     """Write the run files under ``root`` to ``path`` (.tar.xz, written whole or not at all); returns the members."""
     root, path = Path(root), Path(path)
     if not str(path).endswith(SUFFIX):
-        raise ValueError(f"pack file {str(path)!r}; allowed: a name ending in {SUFFIX}")
+        raise InputError(f"pack file {str(path)!r}; allowed: a name ending in {SUFFIX}")
     members = sorted(str(d / name) for d in find_run_dirs(root) for name in RUN_FILES if (d / name).is_file())
     if not members:
         raise FileNotFoundError(f"no run directories under {root}")
