@@ -92,7 +92,8 @@ def test_paper_trees_experiment_entries(temperature):
 def test_trees_t1_shapes_experiment_entries():
     """The T = 1 shapes bench: every entry valid and distinct, all at T = 1 with the authors' rule settings; the
     lossless entries are the chain, sampled-children trees of widths 1 / 2 / 4 and point-mass trees of widths 2 / 4;
-    the MARS entries are the chain and paper_trees' d4 w4 t16 tree, theta 0.9, MARS alone (point-mass q)."""
+    the MARS entries are the chain, paper_trees' d4 w4 t16 tree (point-mass q) and the sampled d3 w2 t8 tree, theta
+    0.9, MARS alone."""
     base = ["+experiment=trees_t1_shapes", "task=wmt19_zh_en"]
     cfg = cfg_of(*base)
     tags = []
@@ -107,9 +108,11 @@ def test_trees_t1_shapes_experiment_entries():
     assert [(s, c) for s, _, c in lossless].count(("sd_tree", False)) == 2
     assert ("sd", "", False) in [(s, tr, bool(c)) for s, tr, c in lossless]
     mars = [t for t in tags if t.rule == "mars"]
-    assert sorted(t.scheme for t in mars) == ["sd", "sd_tree"]   # the drafting scheme; the rule is mars
+    assert sorted(t.scheme for t in mars) == ["sd", "sd_tree", "sd_tree"]   # the drafting scheme; the rule is mars
     assert all(t.settings["theta"] == 0.9 and t.settings.get("sampled_top1") == "margin" for t in mars)
     assert all(t.topk_q in (None, "onehot") for t in mars)
+    sampled = [t for t in mars if t.sample_children]   # MARS on the best lossless drafting: its exact twin is there
+    assert len(sampled) == 1 and sampled[0].lossless_reference() in tags
 
 
 def test_study_trees_t1_pairs_every_mars_tree_with_its_own_drafting_verified_exactly():
