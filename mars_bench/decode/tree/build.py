@@ -249,15 +249,16 @@ def _pick(z: torch.Tensor, k: int, mode: str, cfg, gen):
         # (whether it survives pruning would then bias it away from q_i): it is the EXPECTED draft probability
         # of the i-th draw given the earlier ones, log sum_x q_i(x) q(x), q_i: q without the earlier draws,
         # renormalised (its sums taken over what remains, not by subtraction, which cancels where one token
-        # holds nearly all the mass). One child: one multinomial draw (no Exp(1) over the vocabulary).
+        # holds nearly all the mass). E = -log(1 - U), U ~ U[0, 1) in float64 (Exp(1) by inversion, as torch's
+        # exponential_ draws it, at ~0.3x its CPU time over a 152k vocabulary: ~0.9 against ~3 ms a node; one
+        # child is the same argmax, k = 1, in place of torch.multinomial's ~3.3 ms).
         q = sampling.warp(z, cfg.temperature, cfg.top_p)
-        if k == 1:
-            top = torch.multinomial(q, 1, generator=gen)
-            out = torch.cat([top.to(q.dtype), torch.log((q * q).sum() / q.sum()).reshape(1)]).tolist()
-            return [int(out[0])], out[1:], q
         k = min(k, q.shape[-1])
-        e = torch.empty_like(q).exponential_(generator=gen)
-        top = torch.topk(torch.where(q > 0, q / e, -1.0), k).indices   # q / e can underflow to 0
+        e = torch.rand(q.shape, generator=gen, dtype=torch.float64, device=q.device).neg_().log1p_().neg_()
+        top = torch.topk(torch.where(q > 0, q / e.to(q.dtype), -1.0), k).indices   # q / e can underflow to 0
+        if k == 1:
+            out = torch.cat([top.to(q.dtype), torch.log((q * q).sum() / q.sum()).reshape(1), q[top]]).tolist()
+            return ([int(out[0])], out[1:2], q) if out[2] > 0 else ([], [], q)
         rows, cols = torch.ones(k, k, dtype=torch.bool, device=q.device).tril(-1).nonzero(as_tuple=True)
         w = q.expand(k, -1).clone()                      # row i: q without the draws before the i-th
         w[rows, top[cols]] = 0.0
