@@ -89,18 +89,23 @@ def test_paper_trees_experiment_entries(temperature):
     assert all(t.settings.get("sampled_top1") == "margin" for t in spec if t.rule == "mars")
 
 
+def _entry_specs(experiment: str) -> list:
+    """The run spec of each interleave entry of ``experiment`` on WMT19, each entry's config validated."""
+    base = [f"+experiment={experiment}", "task=wmt19_zh_en"]
+    specs = []
+    for entry in [list(e) for e in cfg_of(*base).interleave]:
+        v = cfg_of(*base, *entry)
+        validate(v)
+        specs.append(spec_of(v, 256))
+    return specs
+
+
 def test_trees_t1_shapes_experiment_entries():
     """The T = 1 shapes bench: every entry valid and distinct, all at T = 1 with the authors' rule settings; the
     lossless entries are the chain, sampled-children trees of widths 1 / 2 / 4 and point-mass trees of widths 2 / 4;
     the MARS entries are the chain, paper_trees' d4 w4 t16 tree (point-mass q) and the sampled d3 w2 t8 tree, theta
     0.9, MARS alone."""
-    base = ["+experiment=trees_t1_shapes", "task=wmt19_zh_en"]
-    cfg = cfg_of(*base)
-    tags = []
-    for entry in [list(e) for e in cfg.interleave]:
-        v = cfg_of(*base, *entry)
-        validate(v)
-        tags.append(spec_of(v, 256))
+    tags = _entry_specs("trees_t1_shapes")
     assert len({t.label for t in tags}) == len(tags)
     assert all(t.temperature == 1.0 and t.top_p == 1.0 for t in tags)
     lossless = sorted((t.scheme, t.tree or "", t.sample_children) for t in tags if t.scheme != "ar" and t.lossless)
@@ -119,13 +124,7 @@ def test_study_trees_t1_pairs_every_mars_tree_with_its_own_drafting_verified_exa
     """The paper's main setting (study_trees_t1): entries valid and distinct, at T = 1; MARS alone's entries (point-
     mass q) have their lossless reference (the same tree, rule exact) among the entries, so the report's paired
     'faster than' claim reads the rule's effect alone; the best lossless tree and the authors' baseline are there."""
-    base = ["+experiment=study_trees_t1", "task=wmt19_zh_en"]
-    cfg = cfg_of(*base)
-    specs = []
-    for entry in [list(e) for e in cfg.interleave]:
-        v = cfg_of(*base, *entry)
-        validate(v)
-        specs.append(spec_of(v, 256))
+    specs = _entry_specs("study_trees_t1")
     assert len({s.label for s in specs}) == len(specs) == 15
     assert all(s.temperature == 1.0 for s in specs)
     alone = [s for s in specs if s.rule == "mars" and s.topk_q == "onehot"]
