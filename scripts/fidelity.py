@@ -186,10 +186,10 @@ def markdown(tables: list[tuple[RunFiles, list[dict]]]) -> str:
     out = []
     for ar, rows in tables:
         s = ar.spec
-        out += [f"**{ar.model} · {ar.task} · T={s.temperature:g} p={s.top_p:g} n≤{s.max_new_tokens} seed={s.seed} "
-                f"· batch {s.batch_size}**", "",
-                "| method | lossless | n | tokens | log p_target / token | Δ vs ar [95% CI] | p | MDE "
-                "| calibration gap [95% CI] | z | p | outside top-p |",
+        out += [(f"**{ar.model} · {ar.task} · T={s.temperature:g} p={s.top_p:g} n≤{s.max_new_tokens} seed={s.seed} "
+                 f"· batch {s.batch_size}**"), "",
+                ("| method | lossless | n | tokens | log p_target / token | Δ vs ar [95% CI] | p | MDE "
+                 "| calibration gap [95% CI] | z | p | outside top-p |"),
                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             d, c = r.get("delta") or {}, r.get("calibration") or {}

@@ -10,13 +10,13 @@ from hydra import compose, initialize_config_dir
 from .conftest import ROOT, data_dir
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import fidelity as F  # noqa: E402
+import fidelity as F
 
-from mars_bench.base.errors import InputError  # noqa: E402
-from mars_bench.config import schema as C  # noqa: E402
-from mars_bench.run import runner as R  # noqa: E402
-from mars_bench.store.read import find_runs  # noqa: E402
-from mars_bench.tasks import build_messages  # noqa: E402
+from mars_bench.base.errors import InputError
+from mars_bench.config import schema as C
+from mars_bench.run import runner as R
+from mars_bench.store.read import find_runs
+from mars_bench.tasks import build_messages
 
 C.register()
 
