@@ -1,16 +1,11 @@
 """scripts/fidelity.py: the target's log-likelihood of sampled runs' outputs, teacher-forced over a cached prompt,
 equals the target's own transformers forward over prompt + output; runs are grouped with their ar baseline; bad
 input is one line."""
-import sys
+import importlib.util
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-
-from .conftest import ROOT, data_dir
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import fidelity as F
 
 from mars_bench.base.errors import InputError
 from mars_bench.config import schema as C
@@ -18,6 +13,11 @@ from mars_bench.run import runner as R
 from mars_bench.store.read import find_runs
 from mars_bench.tasks import build_messages
 
+from .conftest import ROOT, data_dir
+
+spec = importlib.util.spec_from_file_location("fidelity", ROOT / "scripts" / "fidelity.py")
+F = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(F)
 C.register()
 
 
