@@ -14,8 +14,11 @@ loaded from the ar run's saved config (``load_pair``) and every prompt rebuilt f
 each checked against the recorded prompt length; every turn's output ids are scored in one forward over the cached
 prompt (a prompt shared by the runs of a sample is computed once). Per sample: the sum of log p_target (softmax of
 the raw logits / temperature; top-p is the support only) over its output tokens / their count; Δ vs ar paired on
-sample ids, its CI and p by the paired bootstrap (``stats.mean_delta``), MDE beside. Greedy runs are left out
-(their fidelity is the identical-to-ar share in the report). Writes PREFIX.md and PREFIX.json.
+sample ids, its CI and p by the paired bootstrap (``stats.mean_delta``), MDE beside. Per run, its calibration
+under the sampling law (``Scores``): the mean of log w(x_t) + H(w_t) over its output tokens, which is 0 for draws
+from the law whatever contexts they reached, so it needs no reference run and separates "off the law" from "where
+one draw per sample went", which the paired Δ mixes. Greedy runs are left out (their fidelity is the
+identical-to-ar share in the report). Writes PREFIX.md and PREFIX.json.
 """
 from __future__ import annotations
 
