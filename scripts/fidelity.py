@@ -76,6 +76,10 @@ class Scores(NamedTuple):
     var: float
 
 
+def _total(items) -> Scores:
+    return Scores(*(sum(col) for col in zip(Scores(0.0, 0, 0, 0.0, 0.0), *items)))
+
+
 def token_scores(z: torch.Tensor, out: list[int], temperature: float, top_p: float) -> Scores:
     """``Scores`` of tokens ``out`` (one per row of logits ``z``): log p_target = log softmax(z / T), and the
     calibration terms under the sampling law w = warp(z, T, top-p) over the tokens inside w's support."""
@@ -129,44 +133,46 @@ class Scorer:
         sample = self.samples.get(rec["id"])
         if sample is None:
             raise InputError(f"sample {rec['id']!r} is not among the task's samples of the ar run's config")
-        total, answers = Scores(0.0, 0, 0, 0.0, 0.0), []
+        turns, answers = [], []
         for t, turn in enumerate(rec["turns"]):
             ids = self.pair.prompt_ids(build_messages(self.task, sample, answers, t))
             if len(ids) != turn["prompt_tokens"]:
                 raise InputError(f"sample {rec['id']!r} turn {t}: rebuilt prompt has {len(ids)} tokens, the record "
                                  f"{turn['prompt_tokens']}; allowed: runs of this checkout's task and template")
             if turn["output_ids"]:
-                total = Scores(*(a + b for a, b in zip(total, self.logp(ids, turn["output_ids"]))))
+                turns.append(self.logp(ids, turn["output_ids"]))
             answers.append(turn["output_text"])
-        return total
+        return _total(turns)
 
 
 def measure(ar: RunFiles, runs: list[RunFiles], settings: StatsSettings) -> list[dict]:
     """One row per run (ar first): per-sample mean log p_target per token, Δ vs ar paired on sample ids; and the
     run's calibration under the sampling law (``Scores``): gap = sum cal / tokens, z = sum cal / sqrt(sum var), its
-    two-sided normal p, and the gap's 95% interval +-1.96 sqrt(sum var) / tokens."""
+    two-sided normal p, and the gap's interval at ``settings.level``, +-z_(1-alpha/2) sqrt(sum var) / tokens."""
+    from scipy.stats import norm
+
     scorer = Scorer(ar)
+    recs = {r.key: {x["id"]: x for x in r.records} for r in [ar, *runs]}
     per = {r.key: {} for r in [ar, *runs]}
-    for sid in sorted({rec["id"] for r in [ar, *runs] for rec in r.records}):   # sample-major: one prompt forward
+    for sid in sorted({sid for by_id in recs.values() for sid in by_id}):   # sample-major: one prompt forward
         for r in [ar, *runs]:
-            rec = next((x for x in r.records if x["id"] == sid), None)
-            if rec is not None:
-                per[r.key][sid] = scorer.score(rec)
+            if sid in recs[r.key]:
+                per[r.key][sid] = scorer.score(recs[r.key][sid])
     base = {sid: x.logp / x.tokens for sid, x in per[ar.key].items() if x.tokens}
     rows = []
     for r in [ar, *runs]:
         mine = {sid: x.logp / x.tokens for sid, x in per[r.key].items() if x.tokens}
         ids = sorted(set(mine) & set(base))
-        tot = Scores(*(sum(col) for col in zip(Scores(0.0, 0, 0, 0.0, 0.0), *per[r.key].values())))
+        tot = _total(per[r.key].values())
         inside = tot.tokens - tot.outside
         row = {"run": r.spec.dir_name, "label": r.spec.label, "task": r.task, "model": r.model,
                "lossless": r.spec.scheme == "ar" or r.spec.lossless, "n": len(ids), "tokens": tot.tokens,
                "outside_top_p": tot.outside, "mean_logp": sum(mine[i] for i in ids) / len(ids) if ids else None}
         if inside and tot.var > 0:
             z = tot.cal / math.sqrt(tot.var)
-            half = 1.959964 * math.sqrt(tot.var) / inside
+            half = float(norm.ppf(1 - settings.alpha / 2)) * math.sqrt(tot.var) / inside
             row["calibration"] = {"gap": tot.cal / inside, "lo": tot.cal / inside - half, "hi": tot.cal / inside + half,
-                                  "z": z, "p_value": math.erfc(abs(z) / math.sqrt(2)), "tokens": inside}
+                                  "z": z, "p_value": float(2 * norm.sf(abs(z))), "tokens": inside}
         if r is not ar:
             row["delta"] = mean_delta([mine[i] for i in ids], [base[i] for i in ids], settings)
         rows.append(row)
